@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv themselves. torch is installed first and pinned: an unpinned torch
+# pulls a multi-GB CUDA build.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH   := torch==2.13.0
+
+.PHONY: venv demo test lint sim bench clean system-deps
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[gpu,cpu,plots,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the live CPU manager needs (bubblewrap); skipped when already present.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap)
+
+demo: $(STAMP)
+	$(BIN)/arl-tangram sim paper --report-dir reports/paper
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/arl-tangram bench scheduler
+
+clean:
+	rm -rf $(VENV) reports build *.egg-info

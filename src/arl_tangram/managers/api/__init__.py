@@ -1,0 +1,1 @@
+"""managers/api package."""

@@ -1,0 +1,1 @@
+"""managers/cpu package."""

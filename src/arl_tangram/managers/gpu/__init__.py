@@ -1,0 +1,1 @@
+"""managers/gpu package."""
