@@ -1,1 +1,1 @@
-"""core/policies package."""
+"""Core: scheduling policies, plugins of one interface chosen by name (see ``registry``)."""

@@ -1,0 +1,144 @@
+"""Core: the unified action formulation (ActionSpec) and the specs of envs and services.
+
+An action is one atomic external operation. Its demand is ``demand_fixed + m *
+demand_per_unit`` where ``m`` (its DoP) lies in ``[dop_min, dop_max]`` and counts units of
+the ``key`` elastic resource. Every constructor validates and raises ``SpecError`` naming
+the field and the rule; a spec that exists is well-formed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from arl_tangram.core.elasticity import ElasticityModel, NonElastic
+from arl_tangram.core.errors import SpecError
+from arl_tangram.core.resources import ZERO, ResourceKind, ResourceVector
+
+BindingKind = Literal["env", "service", "api", "none"]
+GPU_CHUNK_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What an action runs against: an env (sandbox), a GPU service, an API provider, or nothing."""
+
+    kind: BindingKind = "none"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("env", "service", "api", "none"):
+            raise SpecError("binding.kind", "must be one of env, service, api, none", self.kind)
+        if self.kind != "none" and not self.name:
+            raise SpecError("binding.name", f"must be non-empty for a {self.kind} binding", self.name)
+
+
+def _check_vector(name: str, vector: ResourceVector) -> None:
+    for kind in ResourceKind:
+        amount = vector.amount(kind)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise SpecError(f"{name}.{kind.value}", "must be an integer amount", amount)
+        if amount < 0:
+            raise SpecError(f"{name}.{kind.value}", "must be >= 0", amount)
+
+
+def _check_positive_finite(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(name, "must be a finite number > 0", value)
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action as submitted. ``t_ori_s`` is the duration on one unit (None: learn it per kind)."""
+
+    action_id: str
+    kind: str
+    binding: Binding = Binding()
+    tenant: str = "default"
+    trajectory_id: str = ""
+    demand_fixed: ResourceVector = ZERO
+    demand_per_unit: ResourceVector = ZERO
+    key: ResourceKind | None = None
+    dop_min: int = 1
+    dop_max: int = 1
+    elasticity: ElasticityModel = field(default_factory=NonElastic)
+    t_ori_s: float | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.action_id:
+            raise SpecError("action_id", "must be non-empty", self.action_id)
+        if not self.kind:
+            raise SpecError("kind", "must be non-empty", self.kind)
+        if not isinstance(self.binding, Binding):
+            raise SpecError("binding", "must be a Binding", self.binding)
+        _check_vector("demand_fixed", self.demand_fixed)
+        _check_vector("demand_per_unit", self.demand_per_unit)
+        for name in ("dop_min", "dop_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(name, "must be an integer >= 1", value)
+        if self.dop_min > self.dop_max:
+            raise SpecError("dop_min", "must be <= dop_max", (self.dop_min, self.dop_max))
+        if self.key is not None and not isinstance(self.key, ResourceKind):
+            raise SpecError("key", "must be a ResourceKind or None", self.key)
+        if self.key is None and self.dop_max != 1:
+            raise SpecError("dop_max", "must be 1 when the action has no key elastic resource", self.dop_max)
+        if self.key is not None and self.demand_per_unit.amount(self.key) <= 0:
+            raise SpecError(f"demand_per_unit.{self.key.value}", "must be > 0 for the key resource", 0)
+        if self.key is ResourceKind.GPU:
+            for name in ("dop_min", "dop_max"):
+                if getattr(self, name) not in GPU_CHUNK_SIZES:
+                    raise SpecError(name, "must be a GPU chunk size in {1, 2, 4, 8}", getattr(self, name))
+        if not isinstance(self.elasticity, ElasticityModel):
+            raise SpecError("elasticity", "must be an ElasticityModel", self.elasticity)
+        _check_positive_finite("t_ori_s", self.t_ori_s)
+        _check_positive_finite("timeout_s", self.timeout_s)
+
+    def demand_at(self, dop: int) -> ResourceVector:
+        """Total demand when running at ``dop`` units of the key resource."""
+        return self.demand_fixed + self.demand_per_unit.scale(dop)
+
+    def duration_s(self, t_ori_s: float, dop: int) -> float:
+        return self.elasticity.duration_s(t_ori_s, dop)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A stateful sandbox that lives for a trajectory. Memory is held for its life; CPU is not."""
+
+    env_id: str
+    mem_bytes: int
+    tenant: str = "default"
+    trajectory_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.env_id:
+            raise SpecError("env_id", "must be non-empty", self.env_id)
+        if not isinstance(self.mem_bytes, int) or self.mem_bytes < 0:
+            raise SpecError("mem_bytes", "must be an integer >= 0", self.mem_bytes)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A GPU service (reward, judge or teacher model): weights size and devices per replica."""
+
+    name: str
+    weight_bytes: int
+    devices_min: int = 1
+    devices_max: int = 1
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("name", "must be non-empty", self.name)
+        if not isinstance(self.weight_bytes, int) or self.weight_bytes <= 0:
+            raise SpecError("weight_bytes", "must be an integer > 0", self.weight_bytes)
+        for name in ("devices_min", "devices_max"):
+            if getattr(self, name) not in GPU_CHUNK_SIZES:
+                raise SpecError(name, "must be a GPU chunk size in {1, 2, 4, 8}", getattr(self, name))
+        if self.devices_min > self.devices_max:
+            raise SpecError("devices_min", "must be <= devices_max", (self.devices_min, self.devices_max))

@@ -1,0 +1,74 @@
+"""Core: decisions, imperative orders from the scheduler to the managers. Frozen dataclasses.
+
+Every decision carries ``reason`` (why the policy chose it) and ``cause`` (the event, or
+``wake``, that triggered the round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arl_tangram.core.resources import ResourceVector
+
+
+@dataclass(frozen=True)
+class StartAction:
+    """Run the action on ``node_id`` with ``grant`` (on top of what its env holds) at ``dop``.
+
+    For an env action under Allocate-on-Execution, the manager raises the env's cgroup to
+    the grant for the action's life (the resize). ``cpuset_domains`` lists the millicores
+    taken per NUMA domain. ``replica_id`` names the GPU replica that serves it; if that
+    replica is still loading, the action starts when the load completes.
+    """
+
+    action_id: str
+    node_id: str
+    grant: ResourceVector
+    dop: int
+    reason: str
+    cause: str
+    replica_id: str | None = None
+    numa_millicores: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlaceEnv:
+    """Create the env's sandbox on ``node_id``; ``held`` stays reserved for the env's life."""
+
+    env_id: str
+    node_id: str
+    held: ResourceVector
+    reason: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class LoadService:
+    """Restore ``service`` from host memory onto devices ``offset..offset+size-1`` of ``node_id``."""
+
+    replica_id: str
+    service: str
+    node_id: str
+    offset: int
+    size: int
+    reason: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class EvictService:
+    """Drop the replica from its devices (its weights stay backed up in host memory)."""
+
+    replica_id: str
+    reason: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class RejectAction:
+    action_id: str
+    reason: str
+    cause: str
+
+
+Decision = StartAction | PlaceEnv | LoadService | EvictService | RejectAction

@@ -1,0 +1,91 @@
+"""Core: ``validate(state)``, the capacity and bookkeeping invariants every state must hold.
+
+Called in tests (and in the simulator's checked mode) after every step. Raises
+``InvariantError`` naming the broken rule.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from arl_tangram.core.chunks import chunk_mask
+from arl_tangram.core.errors import InvariantError
+from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceVector
+from arl_tangram.core.state import ClusterState
+
+
+def _fail(rule: str) -> None:
+    raise InvariantError(rule)
+
+
+def _check_cpu(state: ClusterState) -> None:
+    used: dict[str, ResourceVector] = defaultdict(lambda: ZERO)
+    for run in state.running.values():
+        if run.grant.cpu_millicores or run.grant.mem_bytes:
+            used[run.node_id] = used[run.node_id] + run.grant
+    for env in state.envs.values():
+        if env.node_id is not None:
+            used[env.node_id] = used[env.node_id] + env.held
+    for node in state.spec.cpu_nodes:
+        free = state.cpu.get(node.node_id)
+        if free is None:
+            continue
+        u = used[node.node_id]
+        if free.free_millicores != node.millicores - u.cpu_millicores:
+            _fail(f"cpu {node.node_id}: free millicores {free.free_millicores} != capacity - used {node.millicores - u.cpu_millicores}")
+        if free.free_millicores < 0 or free.free_mem_bytes < 0:
+            _fail(f"cpu {node.node_id}: over-allocated ({free})")
+        if free.free_mem_bytes != node.mem_bytes - u.mem_bytes:
+            _fail(f"cpu {node.node_id}: free memory != capacity - used")
+        if sum(free.numa_free) != free.free_millicores:
+            _fail(f"cpu {node.node_id}: NUMA free {free.numa_free} does not sum to {free.free_millicores}")
+        for d, f in enumerate(free.numa_free):
+            if not 0 <= f <= node.numa_cores[d] * MILLICORES_PER_CORE:
+                _fail(f"cpu {node.node_id}: NUMA domain {d} free {f} out of range")
+
+
+def _check_gpu(state: ClusterState) -> None:
+    masks: dict[str, int] = defaultdict(int)
+    for rep in state.replicas.values():
+        m = chunk_mask(rep.offset, rep.size)
+        if rep.offset % rep.size:
+            _fail(f"replica {rep.replica_id}: chunk not aligned")
+        if masks[rep.node_id] & m:
+            _fail(f"replica {rep.replica_id}: overlaps another replica's devices")
+        masks[rep.node_id] |= m
+        if rep.busy_action is not None and rep.busy_action not in state.running:
+            _fail(f"replica {rep.replica_id}: busy with an action that is not running")
+    for node in state.spec.gpu_nodes:
+        if node.node_id in state.gpu and state.gpu[node.node_id] != masks[node.node_id]:
+            _fail(f"gpu {node.node_id}: used mask != union of replica chunks")
+        if state.gpu.get(node.node_id, 0) >> node.devices:
+            _fail(f"gpu {node.node_id}: device outside the node in use")
+
+
+def _check_quota(state: ClusterState) -> None:
+    used: dict[str, int] = defaultdict(int)
+    for run in state.running.values():
+        if run.spec.binding.kind == "api":
+            used[run.spec.binding.name] += run.grant.quota_tokens
+    for pool in state.spec.quota_pools:
+        q = state.quota[pool.provider]
+        if q.free_tokens != pool.max_concurrency - used[pool.provider] or q.free_tokens < 0:
+            _fail(f"quota {pool.provider}: free tokens {q.free_tokens} inconsistent or negative")
+
+
+def _check_actions(state: ClusterState) -> None:
+    if set(state.queue) & set(state.running):
+        _fail("an action is both queued and running")
+    for run in state.running.values():
+        if not run.spec.dop_min <= run.dop <= run.spec.dop_max:
+            _fail(f"action {run.spec.action_id}: dop {run.dop} outside [{run.spec.dop_min}, {run.spec.dop_max}]")
+        if run.started_s < run.submitted_s:
+            _fail(f"action {run.spec.action_id}: started before it was submitted")
+
+
+def validate(state: ClusterState) -> None:
+    """Raise ``InvariantError`` if any capacity or bookkeeping invariant is broken."""
+    _check_cpu(state)
+    _check_gpu(state)
+    _check_quota(state)
+    _check_actions(state)

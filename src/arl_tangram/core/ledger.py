@@ -1,0 +1,159 @@
+"""Core: the bookkeeping operations every policy shares (start, finish, place, load, evict).
+
+Each function applies one change to a ``StateEditor`` and returns the decision that tells
+the managers to carry it out, so accounting and decisions can never drift apart.
+Callers (policies) check feasibility first; these functions do not re-check capacity,
+``invariants.validate`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from arl_tangram.core.action import EnvSpec
+from arl_tangram.core.decisions import (
+    EvictService,
+    LoadService,
+    PlaceEnv,
+    RejectAction,
+    StartAction,
+)
+from arl_tangram.core.resources import ZERO, ResourceVector
+from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor
+
+DEFAULT_T_ORI_S = 1.0  # prior for an action kind never seen and given no estimate
+
+
+def estimated_t_ori(ed: StateEditor, qa: QueuedAction) -> float:
+    """Client estimate if given, else the online mean of the kind, else the prior."""
+    if qa.spec.t_ori_s is not None:
+        return qa.spec.t_ori_s
+    n_mean = ed.estimates.get(qa.spec.kind)
+    return n_mean[1] if n_mean else DEFAULT_T_ORI_S
+
+
+def observe_duration(ed: StateEditor, run: Running, exec_s: float) -> None:
+    """Feed a measured execution time back into the per-kind T_ori estimate (running mean)."""
+    if exec_s <= 0:
+        return
+    t_ori = exec_s * run.spec.elasticity.speedup(run.dop)
+    n, mean = ed.estimates.get(run.spec.kind, (0, 0.0))
+    ed.w("estimates")[run.spec.kind] = (n + 1, mean + (t_ori - mean) / (n + 1))
+
+
+def start_action(
+    ed: StateEditor,
+    qa: QueuedAction,
+    node_id: str,
+    dop: int,
+    reason: str,
+    cause: str,
+    *,
+    grant: ResourceVector | None = None,
+    replica_id: str | None = None,
+    extra_delay_s: float = 0.0,
+) -> StartAction:
+    """Move a queued action to running on ``node_id`` at ``dop``.
+
+    ``grant`` defaults to the spec's demand at ``dop``; CPU and memory of the grant are taken
+    from the node, quota tokens from the bound provider. ``extra_delay_s`` (e.g. a replica
+    still loading) only shifts the expected end used by the completion-time heap.
+    """
+    spec = qa.spec
+    grant = spec.demand_at(dop) if grant is None else grant
+    numa: tuple[int, ...] = ()
+    if grant.cpu_millicores or grant.mem_bytes:
+        numa = ed.take_cpu(node_id, grant)
+    if spec.binding.kind == "api" and grant.quota_tokens:
+        ed.take_quota(spec.binding.name, grant.quota_tokens)
+    duration = spec.duration_s(estimated_t_ori(ed, qa), dop)
+    ed.w("running")[spec.action_id] = Running(
+        spec, node_id, grant, dop, qa.submitted_s, ed.now_s, ed.now_s + extra_delay_s + duration, replica_id, numa
+    )
+    del ed.w("queue")[spec.action_id]
+    if spec.binding.kind == "env":
+        env = ed.envs[spec.binding.name]
+        ed.w("envs")[env.spec.env_id] = replace(env, busy_action=spec.action_id)
+    if replica_id is not None:
+        rep = ed.replicas[replica_id]
+        ed.w("replicas")[replica_id] = replace(rep, busy_action=spec.action_id, last_used_s=ed.now_s)
+    return StartAction(spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa)
+
+
+def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Running | None:
+    """Release everything a running action holds; unknown ids are ignored (idempotent)."""
+    run = ed.running.get(action_id)
+    if run is None:
+        return None
+    del ed.w("running")[action_id]
+    if run.grant.cpu_millicores or run.grant.mem_bytes:
+        ed.give_cpu(run.node_id, run.grant, run.numa_millicores)
+    if run.spec.binding.kind == "api" and run.grant.quota_tokens:
+        ed.give_quota(run.spec.binding.name, run.grant.quota_tokens)
+    env = ed.envs.get(run.spec.binding.name) if run.spec.binding.kind == "env" else None
+    if env is not None and env.busy_action == action_id:
+        ed.w("envs")[env.spec.env_id] = replace(env, busy_action=None)
+    rep = ed.replicas.get(run.replica_id) if run.replica_id else None
+    if rep is not None and rep.busy_action == action_id:
+        ed.w("replicas")[rep.replica_id] = replace(rep, busy_action=None, last_used_s=ed.now_s)
+    if exec_s is not None:
+        observe_duration(ed, run, exec_s)
+    return run
+
+
+def request_env(ed: StateEditor, spec: EnvSpec) -> None:
+    ed.w("envs")[spec.env_id] = EnvState(spec, ed.now_s, ed.next_seq())
+
+
+def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, reason: str, cause: str) -> PlaceEnv:
+    """Place a pending env; ``held`` (its memory, plus fixed cores for pod-style policies) is taken now."""
+    env = ed.envs[env_id]
+    numa = ed.take_cpu(node_id, held) if not held.is_zero() else ()
+    del numa  # env holdings are returned whole on release; NUMA detail is per-action only
+    ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held)
+    return PlaceEnv(env_id, node_id, held, reason, cause)
+
+
+def release_env(ed: StateEditor, env_id: str) -> None:
+    env = ed.envs.get(env_id)
+    if env is None:
+        return
+    del ed.w("envs")[env_id]
+    if env.node_id is not None and not env.held.is_zero():
+        ed.give_cpu(env.node_id, env.held, ())
+
+
+def load_replica(
+    ed: StateEditor, service: str, node_id: str, offset: int, size: int, reason: str, cause: str, *, pinned: bool = False
+) -> tuple[Replica, LoadService]:
+    replica_id = f"{service}@{node_id}:{offset}x{size}#{ed.next_seq()}"
+    ed.take_devices(node_id, offset, size)
+    rep = Replica(replica_id, service, node_id, offset, size, last_used_s=ed.now_s, pinned=pinned)
+    ed.w("replicas")[replica_id] = rep
+    return rep, LoadService(replica_id, service, node_id, offset, size, reason, cause)
+
+
+def evict_replica(ed: StateEditor, replica_id: str, reason: str, cause: str) -> EvictService:
+    rep = ed.replicas[replica_id]
+    del ed.w("replicas")[replica_id]
+    ed.give_devices(rep.node_id, rep.offset, rep.size)
+    return EvictService(replica_id, reason, cause)
+
+
+def reject(ed: StateEditor, action_id: str, reason: str, cause: str) -> RejectAction:
+    ed.w("queue").pop(action_id, None)
+    return RejectAction(action_id, reason, cause)
+
+
+__all__ = [
+    "ZERO",
+    "estimated_t_ori",
+    "evict_replica",
+    "finish_action",
+    "load_replica",
+    "place_env",
+    "reject",
+    "release_env",
+    "request_env",
+    "start_action",
+]

@@ -1,0 +1,130 @@
+"""Core: one CPU scheduling round: FCFS candidates, per-node pools, allocation, eviction.
+
+Shared by the elastic policy (water-filling + greedy eviction) and the fixed-DoP ablation
+(every elastic action gets exactly k units, no eviction).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from arl_tangram.core import ledger
+from arl_tangram.core.decisions import Decision
+from arl_tangram.core.policies.eviction import plan_pool
+from arl_tangram.core.policies.waterfill import Claim
+from arl_tangram.core.resources import ResourceKind
+from arl_tangram.core.state import QueuedAction, StateEditor
+
+
+@dataclass
+class Pools:
+    """Candidates per node (FCFS) and the backlog of queued actions that did not fit."""
+
+    candidates: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
+    backlog: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
+    oldest_blocked_s: float | None = None
+
+
+def is_cpu_action(qa: QueuedAction) -> bool:
+    return qa.spec.binding.kind in ("env", "none")
+
+
+def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], need_mc: int, need_mem: int) -> str | None:
+    spec = qa.spec
+    if spec.binding.kind == "env":
+        env = ed.envs.get(spec.binding.name)
+        if env is None or not env.ready or env.node_id not in free:
+            return None
+        return env.node_id
+    best = None
+    for node_id in sorted(free):
+        f = free[node_id]
+        if f[0] >= need_mc and f[1] >= need_mem and (best is None or f[0] > free[best][0]):
+            best = node_id
+    return best
+
+
+def collect(
+    ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024
+) -> Pools:
+    """Walk the queue FCFS and take up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
+
+    Skipping an action that does not fit lets smaller ones backfill, but once the head of a
+    node's line has waited ``aging_s`` the node is reserved for it: no later action starts
+    there until it has, so nothing starves. At most ``scan_limit`` CPU actions are looked
+    at per round, which bounds a round's cost however long the queue grows.
+    """
+    pools = Pools()
+    free = {n: [f.free_millicores, f.free_mem_bytes] for n, f in ed.cpu.items()}
+    reserved: set[str] = set()
+    taken = scanned = 0
+    for qa in ed.queue.values():
+        if not is_cpu_action(qa):
+            continue
+        scanned += 1
+        if scanned > scan_limit:
+            break
+        need = qa.spec.demand_at(dop_of(qa))
+        node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
+        if node_id is None:
+            continue  # its env is not ready yet
+        f = free[node_id]
+        fits = f[0] >= need.cpu_millicores and f[1] >= need.mem_bytes
+        if fits and node_id not in reserved and taken < depth:
+            f[0] -= need.cpu_millicores
+            f[1] -= need.mem_bytes
+            pools.candidates[node_id].append(qa)
+            taken += 1
+            continue
+        if len(pools.backlog[node_id]) < depth:
+            pools.backlog[node_id].append(qa)
+        if not fits and ed.now_s - qa.submitted_s >= aging_s:
+            reserved.add(node_id)
+        if pools.oldest_blocked_s is None:
+            pools.oldest_blocked_s = qa.submitted_s
+    return pools
+
+
+def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) -> Claim:
+    spec = qa.spec
+    t_ori = ledger.estimated_t_ori(ed, qa)
+    unit_cost = spec.demand_per_unit.cpu_millicores if spec.key is ResourceKind.CPU else 0
+    lo, hi = spec.dop_min, spec.dop_max
+    if fixed_dop is not None:
+        lo = hi = min(max(fixed_dop, spec.dop_min), spec.dop_max)
+    if unit_cost == 0:  # not CPU-elastic: its DoP is fixed at dop_min
+        hi = lo
+        unit_cost = 1
+    elasticity = spec.elasticity
+
+    def duration(m: int) -> float:
+        return elasticity.duration_s(t_ori, m)
+
+    return Claim(lo, hi, unit_cost, duration)
+
+
+def releases_on(ed: StateEditor, node_id: str) -> list[tuple[float, int]]:
+    """(expected end, millicores) of the actions running on ``node_id``: the heap's seed."""
+    return [(r.expected_end_s, r.grant.cpu_millicores) for r in ed.running.values() if r.node_id == node_id and r.grant.cpu_millicores]
+
+
+def start_pools(ed: StateEditor, pools: Pools, cause: str, depth: int, fixed_dop: int | None, evict: bool) -> list[Decision]:
+    decisions: list[Decision] = []
+    for node_id in sorted(pools.candidates):
+        cands = pools.candidates[node_id]
+        claims = [claim_of(ed, qa, fixed_dop) for qa in cands]
+        fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands)
+        budget = ed.cpu[node_id].free_millicores - fixed_part
+        if evict:
+            backlog = [claim_of(ed, qa, fixed_dop) for qa in pools.backlog.get(node_id, [])]
+            plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, depth, backlog)
+            count, dops = plan.scheduled, plan.dops
+            reason = f"elastic: water-filled over {len(cands)} candidates, {plan.evictions} deferred"
+        else:
+            count, dops = len(cands), tuple(c.dop_min for c in claims)
+            reason = f"fixed DoP {fixed_dop}"
+        for qa, dop in zip(cands[:count], dops, strict=True):
+            decisions.append(ledger.start_action(ed, qa, node_id, dop, reason, cause))
+    return decisions

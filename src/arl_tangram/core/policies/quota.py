@@ -1,0 +1,44 @@
+"""Core: API quota actions: a global token bucket + concurrency cap, or unmanaged client practice."""
+
+from __future__ import annotations
+
+from arl_tangram.core import ledger
+from arl_tangram.core.decisions import Decision
+from arl_tangram.core.state import StateEditor
+
+
+def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float | None]:
+    """Admit API actions FCFS while the provider has concurrency and rate tokens.
+
+    Returns the decisions and when the next rate token arrives if an action is left waiting
+    for one (the scheduler's wake-up), so bursts are smoothed instead of answered with 429s.
+    """
+    decisions: list[Decision] = []
+    wake: float | None = None
+    blocked: set[str] = set()
+    for qa in list(ed.queue.values()):
+        if qa.spec.binding.kind != "api" or qa.spec.binding.name in blocked:
+            continue
+        provider = qa.spec.binding.name
+        q = ed.refill_quota(provider)
+        need = qa.spec.demand_at(qa.spec.dop_min).quota_tokens
+        if q.free_tokens >= need and q.bucket >= 1.0:
+            decisions.append(ledger.start_action(ed, qa, provider, qa.spec.dop_min, "quota: token granted", cause))
+            continue
+        blocked.add(provider)  # FCFS per provider
+        if q.bucket < 1.0:
+            pool = ed.spec.quota_pool(provider)
+            assert pool is not None
+            at = ed.now_s + (1.0 - q.bucket) / pool.rate_per_s
+            wake = at if wake is None else min(wake, at)
+    return decisions, wake
+
+
+def schedule_unmanaged(ed: StateEditor, cause: str) -> list[Decision]:
+    """Today's practice: each worker calls the provider at once; overload comes back as 429s."""
+    decisions: list[Decision] = []
+    for qa in list(ed.queue.values()):
+        if qa.spec.binding.kind == "api":
+            grant = qa.spec.demand_fixed - qa.spec.demand_fixed  # holds nothing of the global pool
+            decisions.append(ledger.start_action(ed, qa, qa.spec.binding.name, qa.spec.dop_min, "unmanaged client call", cause, grant=grant))
+    return decisions

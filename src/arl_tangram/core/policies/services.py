@@ -1,0 +1,138 @@
+"""Core: GPU service actions: Evict-on-Execution (pooled) and static dedicated deployments.
+
+Pooled: a service action runs on an idle resident replica of its service; else the policy
+weighs waiting for a busy replica against restoring a new replica from host memory
+(swap-in) onto a free aligned chunk, evicting least-recently-used idle replicas to make
+one. Static (the SGLang-style baseline): each service owns fixed replicas placed at
+bootstrap; its actions queue for them and nothing is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from arl_tangram.core import ledger
+from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.chunks import best_chunk, chunk_mask
+from arl_tangram.core.decisions import Decision
+from arl_tangram.core.state import QueuedAction, Replica, StateEditor
+
+
+def swap_in_s(service: ServiceSpec, size: int, host_to_device_gbps: float) -> float:
+    """Restore time: each of ``size`` devices copies its shard in parallel at the link bandwidth."""
+    return service.weight_bytes / size / (host_to_device_gbps * 1e9)
+
+
+def _bounds(ed: StateEditor, qa: QueuedAction) -> tuple[int, int]:
+    svc = ed.spec.services[qa.spec.binding.name]
+    return max(qa.spec.dop_min, svc.devices_min), min(qa.spec.dop_max, svc.devices_max)
+
+
+def _idle_replica(ed: StateEditor, service: str, lo: int, hi: int) -> Replica | None:
+    idle = [r for r in ed.replicas.values() if r.service == service and r.busy_action is None and lo <= r.size <= hi]
+    if not idle:
+        return None
+    return max(idle, key=lambda r: (r.ready, r.size, r.last_used_s, r.replica_id))
+
+
+def _evictable_block(ed: StateEditor, size: int) -> tuple[str, int, list[Replica]] | None:
+    """An aligned block of ``size`` freed by evicting only idle, unpinned replicas (fewest, LRU first)."""
+    best: tuple[tuple[int, float], str, int, list[Replica]] | None = None
+    for node in ed.spec.gpu_nodes:
+        if node.node_id not in ed.gpu or size > node.devices:
+            continue
+        for offset in range(0, node.devices, size):
+            mask = chunk_mask(offset, size)
+            inside = [r for r in ed.replicas.values() if r.node_id == node.node_id and chunk_mask(r.offset, r.size) & mask]
+            if any(r.busy_action is not None or r.pinned for r in inside):
+                continue
+            if any(chunk_mask(r.offset, r.size) & ~mask for r in inside):
+                continue  # a larger replica spans the block; evicting it is left to a larger request
+            key = (len(inside), max((r.last_used_s for r in inside), default=0.0))
+            if best is None or key < best[0]:
+                best = (key, node.node_id, offset, inside)
+    return None if best is None else best[1:]
+
+
+def _free_chunk(ed: StateEditor, size: int) -> tuple[str, int] | None:
+    for node in ed.spec.gpu_nodes:
+        used = ed.gpu.get(node.node_id)
+        if used is None:
+            continue
+        offset = best_chunk(used, size, node.devices)
+        if offset is not None:
+            return node.node_id, offset
+    return None
+
+
+def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps: float) -> list[Decision]:
+    """Start queued service actions FCFS (up to ``depth`` looked at) under Evict-on-Execution."""
+    decisions: list[Decision] = []
+    projected: dict[str, list[float]] = {}  # service -> projected free times of its busy replicas
+    waiting = [qa for qa in ed.queue.values() if qa.spec.binding.kind == "service"][:depth]
+    for qa in waiting:
+        name = qa.spec.binding.name
+        svc = ed.spec.services[name]
+        lo, hi = _bounds(ed, qa)
+        t_ori = ledger.estimated_t_ori(ed, qa)
+        rep = _idle_replica(ed, name, lo, hi)
+        if rep is not None:
+            decisions.append(ledger.start_action(ed, qa, rep.node_id, rep.size, "EoE: resident replica", cause, replica_id=rep.replica_id))
+            continue
+        frees = projected.setdefault(name, sorted(
+            r.expected_end_s for r in ed.running.values() if r.replica_id and ed.replicas[r.replica_id].service == name
+        ))
+        wait_s = (frees[0] - ed.now_s + qa.spec.duration_s(t_ori, lo)) if frees else float("inf")
+        started = False
+        for size in sorted({s for s in (1, 2, 4, 8) if lo <= s <= hi}, reverse=True):
+            load_s = swap_in_s(svc, size, host_to_device_gbps)
+            if load_s + qa.spec.duration_s(t_ori, size) >= wait_s:
+                continue  # a busy replica frees sooner than a new one could be restored
+            spot = _free_chunk(ed, size)
+            if spot is None:
+                block = _evictable_block(ed, size)
+                if block is None:
+                    continue
+                node_id, offset, victims = block
+                decisions.extend(ledger.evict_replica(ed, v.replica_id, "EoE: LRU idle, space needed", cause) for v in victims)
+                spot = (node_id, offset)
+            new, load = ledger.load_replica(ed, name, spot[0], spot[1], size, "EoE: swap in from host memory", cause)
+            decisions.append(load)
+            decisions.append(ledger.start_action(ed, qa, new.node_id, size, "EoE: on a restored replica", cause, replica_id=new.replica_id, extra_delay_s=load_s))
+            started = True
+            break
+        if not started and frees:
+            frees.pop(0)  # this action is projected onto the earliest busy replica
+    return decisions
+
+
+def bootstrap_static(ed: StateEditor, deployments: Mapping[str, tuple[int, int]]) -> list[Decision]:
+    """Place ``count`` pinned replicas of ``size`` devices per service, in name order."""
+    decisions: list[Decision] = []
+    for name in sorted(deployments):
+        count, size = deployments[name]
+        for _ in range(count):
+            spot = _free_chunk(ed, size)
+            if spot is None:
+                raise ValueError(f"static deployment of {name}: no free aligned chunk of {size} devices left")
+            rep, load = ledger.load_replica(ed, name, spot[0], spot[1], size, "static deployment", "bootstrap", pinned=True)
+            decisions.append(load)
+    return decisions
+
+
+def schedule_static(ed: StateEditor, cause: str, depth: int) -> list[Decision]:
+    """FCFS per service onto its own idle pinned replicas; nothing is borrowed across services."""
+    decisions: list[Decision] = []
+    looked = 0
+    for qa in list(ed.queue.values()):
+        if qa.spec.binding.kind != "service":
+            continue
+        looked += 1
+        if looked > depth:
+            break
+        lo, hi = _bounds(ed, qa)
+        rep = _idle_replica(ed, qa.spec.binding.name, 1, 8)
+        if rep is not None and rep.ready:
+            dop = min(max(rep.size, qa.spec.dop_min), qa.spec.dop_max)
+            decisions.append(ledger.start_action(ed, qa, rep.node_id, dop, "static: dedicated replica", cause, replica_id=rep.replica_id))
+    return decisions

@@ -1,0 +1,207 @@
+"""Core: cluster state as frozen records, and the copy-on-write editor the scheduler uses.
+
+``ClusterState`` is never mutated. ``Scheduler.step`` opens a ``StateEditor`` on it, which
+copies a table only when the round first writes to it, and ``freeze()`` returns the new
+state. All accounting (free capacity, queue, running set, envs, replicas, quota) changes
+only through the editor's methods, so every policy shares one bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from arl_tangram.core.action import ActionSpec, EnvSpec
+from arl_tangram.core.chunks import chunk_mask
+from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceVector
+from arl_tangram.core.topology import ClusterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedAction:
+    spec: ActionSpec
+    submitted_s: float
+    seq: int  # FCFS order; ties in time break by sequence number
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    spec: ActionSpec
+    node_id: str
+    grant: ResourceVector
+    dop: int
+    submitted_s: float
+    started_s: float
+    expected_end_s: float
+    replica_id: str | None = None
+    numa_millicores: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EnvState:
+    spec: EnvSpec
+    requested_s: float
+    seq: int
+    node_id: str | None = None  # None while pending placement
+    held: ResourceVector = ZERO
+    ready: bool = False
+    busy_action: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    replica_id: str
+    service: str
+    node_id: str
+    offset: int
+    size: int
+    ready: bool = False
+    busy_action: str | None = None
+    last_used_s: float = 0.0
+    pinned: bool = False  # static deployments are never evicted
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFree:
+    free_millicores: int
+    free_mem_bytes: int
+    numa_free: tuple[int, ...]  # millicores per NUMA domain
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFree:
+    free_tokens: int
+    bucket: float  # request tokens available now (refilled at the provider's rate)
+    refilled_s: float
+
+
+_TABLES = ("cpu", "gpu", "quota", "envs", "replicas", "queue", "running", "estimates")
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    spec: ClusterSpec
+    now_s: float = 0.0
+    seq: int = 0
+    cpu: Mapping[str, CpuFree] = field(default_factory=dict)
+    gpu: Mapping[str, int] = field(default_factory=dict)  # node -> used device mask
+    quota: Mapping[str, QuotaFree] = field(default_factory=dict)
+    envs: Mapping[str, EnvState] = field(default_factory=dict)
+    replicas: Mapping[str, Replica] = field(default_factory=dict)
+    queue: Mapping[str, QueuedAction] = field(default_factory=dict)  # insertion order = FCFS
+    running: Mapping[str, Running] = field(default_factory=dict)
+    estimates: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (n, mean T_ori)
+
+    @classmethod
+    def initial(cls, spec: ClusterSpec) -> ClusterState:
+        cpu = {
+            n.node_id: CpuFree(n.millicores, n.mem_bytes, tuple(c * MILLICORES_PER_CORE for c in n.numa_cores))
+            for n in spec.cpu_nodes
+        }
+        gpu = {n.node_id: 0 for n in spec.gpu_nodes}
+        quota = {p.provider: QuotaFree(p.max_concurrency, float(p.max_concurrency), 0.0) for p in spec.quota_pools}
+        return cls(spec=spec, cpu=cpu, gpu=gpu, quota=quota)
+
+    def edit(self, now_s: float) -> StateEditor:
+        return StateEditor(self, now_s)
+
+
+class StateEditor:
+    """Copy-on-write view of a ``ClusterState`` for one scheduling round (not thread-safe)."""
+
+    def __init__(self, base: ClusterState, now_s: float) -> None:
+        self.spec = base.spec
+        self.now_s = now_s
+        self.seq = base.seq
+        self._base = base
+        self._tables: dict[str, Any] = {name: getattr(base, name) for name in _TABLES}
+        self._copied: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        tables = self.__dict__.get("_tables")
+        if tables is not None and name in tables:
+            return tables[name]
+        raise AttributeError(name)
+
+    def w(self, name: str) -> dict[str, Any]:
+        """The writable copy of table ``name`` (copied on first write this round)."""
+        if name not in self._copied:
+            self._tables[name] = dict(self._tables[name])
+            self._copied.add(name)
+        table: dict[str, Any] = self._tables[name]
+        return table
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def freeze(self) -> ClusterState:
+        tables: dict[str, Any] = {n: MappingProxyType(t) if n in self._copied else t for n, t in self._tables.items()}
+        return replace(self._base, now_s=self.now_s, seq=self.seq, **tables)
+
+    # --- CPU accounting -------------------------------------------------------------
+    def take_cpu(self, node_id: str, demand: ResourceVector) -> tuple[int, ...]:
+        """Take ``demand`` on a CPU node; returns millicores taken per NUMA domain.
+
+        NUMA-aware: a grant that fits in one domain goes to the fullest domain that still
+        holds it (keeps the other domains whole); a larger one spreads from the emptiest.
+        """
+        free = self.cpu[node_id]
+        need = demand.cpu_millicores
+        numa = list(free.numa_free)
+        taken = [0] * len(numa)
+        fitting = [d for d in range(len(numa)) if numa[d] >= need]
+        if fitting:
+            d = min(fitting, key=lambda i: (numa[i], i))
+            taken[d] = need
+        else:
+            for d in sorted(range(len(numa)), key=lambda i: (-numa[i], i)):
+                take = min(numa[d], need - sum(taken))
+                taken[d] = take
+        numa = [f - t for f, t in zip(numa, taken, strict=True)]
+        self.w("cpu")[node_id] = CpuFree(
+            free.free_millicores - need, free.free_mem_bytes - demand.mem_bytes, tuple(numa)
+        )
+        return tuple(taken)
+
+    def give_cpu(self, node_id: str, demand: ResourceVector, numa_taken: tuple[int, ...]) -> None:
+        free = self.cpu.get(node_id)
+        if free is None:  # node lost meanwhile
+            return
+        numa = tuple(f + t for f, t in zip(free.numa_free, numa_taken or (0,) * len(free.numa_free), strict=True))
+        if not numa_taken and demand.cpu_millicores:
+            numa = (numa[0] + demand.cpu_millicores,) + numa[1:]
+        self.w("cpu")[node_id] = CpuFree(
+            free.free_millicores + demand.cpu_millicores, free.free_mem_bytes + demand.mem_bytes, numa
+        )
+
+    # --- GPU accounting -------------------------------------------------------------
+    def take_devices(self, node_id: str, offset: int, size: int) -> None:
+        self.w("gpu")[node_id] = self.gpu[node_id] | chunk_mask(offset, size)
+
+    def give_devices(self, node_id: str, offset: int, size: int) -> None:
+        if node_id in self.gpu:
+            self.w("gpu")[node_id] = self.gpu[node_id] & ~chunk_mask(offset, size)
+
+    # --- quota accounting -----------------------------------------------------------
+    def refill_quota(self, provider: str) -> QuotaFree:
+        pool = self.spec.quota_pool(provider)
+        q = self.quota[provider]
+        if pool is None or q.refilled_s >= self.now_s:
+            return q
+        cap = float(pool.max_concurrency)
+        bucket = min(cap, q.bucket + (self.now_s - q.refilled_s) * pool.rate_per_s)
+        q = QuotaFree(q.free_tokens, bucket, self.now_s)
+        self.w("quota")[provider] = q
+        return q
+
+    def take_quota(self, provider: str, tokens: int) -> None:
+        q = self.refill_quota(provider)
+        self.w("quota")[provider] = QuotaFree(q.free_tokens - tokens, q.bucket - 1.0, q.refilled_s)
+
+    def give_quota(self, provider: str, tokens: int) -> None:
+        q = self.quota.get(provider)
+        if q is not None:
+            self.w("quota")[provider] = QuotaFree(q.free_tokens + tokens, q.bucket, q.refilled_s)

@@ -1,0 +1,134 @@
+"""Core: the shape of the cluster (nodes, NUMA domains, GPU nodes, API quota pools, services).
+
+Specs are immutable descriptions; the free amounts live in ``state.ClusterState``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arl_tangram.core.action import ActionSpec, ServiceSpec
+from arl_tangram.core.errors import SpecError
+from arl_tangram.core.resources import MILLICORES_PER_CORE, ResourceKind
+
+GPU_NODE_DEVICES = 8
+
+
+@dataclass(frozen=True)
+class CpuNodeSpec:
+    """A CPU node: ``numa_cores[d]`` cores in NUMA domain d; memory in bytes."""
+
+    node_id: str
+    numa_cores: tuple[int, ...]
+    mem_bytes: int
+
+    def __post_init__(self) -> None:
+        if not self.numa_cores or any(c <= 0 for c in self.numa_cores):
+            raise SpecError(f"cpu_nodes[{self.node_id}].numa_cores", "must be positive core counts", self.numa_cores)
+        if self.mem_bytes <= 0:
+            raise SpecError(f"cpu_nodes[{self.node_id}].mem_bytes", "must be > 0", self.mem_bytes)
+
+    @property
+    def millicores(self) -> int:
+        return sum(self.numa_cores) * MILLICORES_PER_CORE
+
+
+@dataclass(frozen=True)
+class GpuNodeSpec:
+    """A GPU node of ``devices`` devices (8 on the paper's Hopper nodes) linked by NVLink."""
+
+    node_id: str
+    devices: int = GPU_NODE_DEVICES
+    device_mem_bytes: int = 80 << 30
+
+    def __post_init__(self) -> None:
+        if self.devices not in (1, 2, 4, 8):
+            raise SpecError(f"gpu_nodes[{self.node_id}].devices", "must be 1, 2, 4 or 8", self.devices)
+
+
+@dataclass(frozen=True)
+class QuotaPoolSpec:
+    """An API provider's limits: concurrent requests and requests per second."""
+
+    provider: str
+    max_concurrency: int
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency <= 0:
+            raise SpecError(f"quota_pools[{self.provider}].max_concurrency", "must be > 0", self.max_concurrency)
+        if not math.isfinite(self.rate_per_s) or self.rate_per_s <= 0:
+            raise SpecError(f"quota_pools[{self.provider}].rate_per_s", "must be finite and > 0", self.rate_per_s)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    cpu_nodes: tuple[CpuNodeSpec, ...] = ()
+    gpu_nodes: tuple[GpuNodeSpec, ...] = ()
+    quota_pools: tuple[QuotaPoolSpec, ...] = ()
+    services: Mapping[str, ServiceSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, nodes in (("cpu_nodes", self.cpu_nodes), ("gpu_nodes", self.gpu_nodes)):
+            ids = [n.node_id for n in nodes]
+            if len(set(ids)) != len(ids):
+                raise SpecError(name, "node ids must be unique", ids)
+        for name, service in self.services.items():
+            if name != service.name:
+                raise SpecError(f"services[{name}]", "key must equal the service's name", service.name)
+
+    def quota_pool(self, provider: str) -> QuotaPoolSpec | None:
+        for pool in self.quota_pools:
+            if pool.provider == provider:
+                return pool
+        return None
+
+
+def uniform_cluster(
+    num_cpu_nodes: int = 0,
+    cores_per_node: int = 256,
+    numa_domains: int = 2,
+    mem_bytes: int = 2400 << 30,
+    num_gpu_nodes: int = 0,
+    gpus_per_node: int = GPU_NODE_DEVICES,
+    quota_pools: tuple[QuotaPoolSpec, ...] = (),
+    services: Mapping[str, ServiceSpec] | None = None,
+) -> ClusterSpec:
+    """The paper's shape by default: nodes of 256 cores (2 NUMA domains) and 2.4 TB."""
+    per_domain = cores_per_node // numa_domains
+    numa = tuple([per_domain] * (numa_domains - 1) + [cores_per_node - per_domain * (numa_domains - 1)])
+    return ClusterSpec(
+        cpu_nodes=tuple(CpuNodeSpec(f"cpu-{i:03d}", numa, mem_bytes) for i in range(num_cpu_nodes)),
+        gpu_nodes=tuple(GpuNodeSpec(f"gpu-{i:03d}", gpus_per_node) for i in range(num_gpu_nodes)),
+        quota_pools=quota_pools,
+        services=dict(services or {}),
+    )
+
+
+def check_can_ever_fit(spec: ActionSpec, cluster: ClusterSpec) -> None:
+    """Raise ``SpecError`` if no node of ``cluster`` could ever run ``spec`` at ``dop_min``."""
+    demand = spec.demand_at(spec.dop_min)
+    binding = spec.binding
+    if binding.kind == "service":
+        service = cluster.services.get(binding.name)
+        if service is None:
+            raise SpecError("binding.name", "must name a registered service", binding.name)
+        largest = max((n.devices for n in cluster.gpu_nodes), default=0)
+        if max(spec.dop_min, service.devices_min) > largest:
+            raise SpecError("dop_min", f"must fit the largest GPU node ({largest} devices)", spec.dop_min)
+        return
+    if binding.kind == "api":
+        pool = cluster.quota_pool(binding.name)
+        if pool is None:
+            raise SpecError("binding.name", "must name a configured API provider", binding.name)
+        if demand.quota_tokens > pool.max_concurrency:
+            raise SpecError("demand.quota", f"must be <= the provider's concurrency {pool.max_concurrency}", demand.quota_tokens)
+        return
+    if spec.key is ResourceKind.GPU or demand.gpu_devices:
+        raise SpecError("key", "GPU demand must be bound to a service", spec.key)
+    if not any(
+        demand.cpu_millicores <= n.millicores and demand.mem_bytes <= n.mem_bytes for n in cluster.cpu_nodes
+    ):
+        raise SpecError("demand", "must fit on at least one CPU node at dop_min", demand)
