@@ -8,6 +8,7 @@ the field and the rule; a spec that exists is well-formed.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -100,7 +101,14 @@ class ActionSpec:
 
     def demand_at(self, dop: int) -> ResourceVector:
         """Total demand when running at ``dop`` units of the key resource."""
+        if dop == self.dop_min:
+            return self.demand_min
         return self.demand_fixed + self.demand_per_unit.scale(dop)
+
+    @functools.cached_property
+    def demand_min(self) -> ResourceVector:
+        """Demand at ``dop_min``, asked for on every scheduling round: computed once."""
+        return self.demand_fixed + self.demand_per_unit.scale(self.dop_min)
 
     def duration_s(self, t_ori_s: float, dop: int) -> float:
         return self.elasticity.duration_s(t_ori_s, dop)

@@ -102,7 +102,9 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
 
 
 def request_env(ed: StateEditor, spec: EnvSpec) -> None:
-    ed.w("envs")[spec.env_id] = EnvState(spec, ed.now_s, ed.next_seq())
+    seq = ed.next_seq()
+    ed.w("envs")[spec.env_id] = EnvState(spec, ed.now_s, seq)
+    ed.w("env_queue")[spec.env_id] = seq
 
 
 def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, reason: str, cause: str) -> PlaceEnv:
@@ -111,6 +113,7 @@ def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, 
     numa = ed.take_cpu(node_id, held) if not held.is_zero() else ()
     del numa  # env holdings are returned whole on release; NUMA detail is per-action only
     ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held)
+    del ed.w("env_queue")[env_id]
     return PlaceEnv(env_id, node_id, held, reason, cause)
 
 
@@ -119,6 +122,8 @@ def release_env(ed: StateEditor, env_id: str) -> None:
     if env is None:
         return
     del ed.w("envs")[env_id]
+    if env_id in ed.env_queue:
+        del ed.w("env_queue")[env_id]
     if env.node_id is not None and not env.held.is_zero():
         ed.give_cpu(env.node_id, env.held, ())
 

@@ -53,6 +53,8 @@ class Scheduler:
         ed = state.edit(max(now, state.now_s))
         decisions: list[Decision] = []
         cause = "wake"
+        if not events:
+            ed.touch(None)
         for event in events:
             cause = describe(event)
             decisions.extend(self._apply(ed, event, cause))
@@ -63,7 +65,9 @@ class Scheduler:
         if isinstance(event, ActionSubmitted):
             return self._submit(ed, event, cause)
         if isinstance(event, ActionFinished):
-            ledger.finish_action(ed, event.action_id, event.exec_s)
+            run = ledger.finish_action(ed, event.action_id, event.exec_s)
+            if run is not None:
+                ed.touch(run.node_id)
         elif isinstance(event, ActionCancelled):
             if event.action_id in ed.queue:
                 return [ledger.reject(ed, event.action_id, "cancelled by the client", cause)]
@@ -74,7 +78,10 @@ class Scheduler:
             env = ed.envs.get(event.env_id)
             if env is not None:
                 ed.w("envs")[event.env_id] = replace(env, ready=True)
+                ed.touch(env.node_id)
         elif isinstance(event, EnvReleased):
+            released = ed.envs.get(event.env_id)
+            ed.touch(released.node_id if released else None)
             ledger.release_env(ed, event.env_id)
             return self._reject_bound(ed, "env", event.env_id, "its env was released", cause)
         elif isinstance(event, ServiceReady):
@@ -96,6 +103,7 @@ class Scheduler:
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
         ed.w("queue")[spec.action_id] = QueuedAction(spec, ed.now_s, ed.next_seq())
+        ed.touch(ed.envs[spec.binding.name].node_id if spec.binding.kind == "env" else None)
         return []
 
     def _reject_bound(self, ed: StateEditor, kind: str, name: str, why: str, cause: str) -> list[Decision]:
@@ -104,8 +112,9 @@ class Scheduler:
 
     def _lose_node(self, ed: StateEditor, node_id: str, cause: str) -> list[Decision]:
         decisions: list[Decision] = []
+        ed.touch(None)
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
-            del ed.w("envs")[env_id]
+            ledger.release_env(ed, env_id)
             decisions.extend(self._reject_bound(ed, "env", env_id, f"node {node_id} was lost", cause))
         for rid in sorted(r for r, rep in ed.replicas.items() if rep.node_id == node_id):
             del ed.w("replicas")[rid]

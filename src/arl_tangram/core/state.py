@@ -77,7 +77,7 @@ class QuotaFree:
     refilled_s: float
 
 
-_TABLES = ("cpu", "gpu", "quota", "envs", "replicas", "queue", "running", "estimates")
+_TABLES = ("cpu", "gpu", "quota", "envs", "env_queue", "replicas", "queue", "running", "estimates")
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,7 @@ class ClusterState:
     gpu: Mapping[str, int] = field(default_factory=dict)  # node -> used device mask
     quota: Mapping[str, QuotaFree] = field(default_factory=dict)
     envs: Mapping[str, EnvState] = field(default_factory=dict)
+    env_queue: Mapping[str, int] = field(default_factory=dict)  # envs awaiting placement -> seq (FCFS)
     replicas: Mapping[str, Replica] = field(default_factory=dict)
     queue: Mapping[str, QueuedAction] = field(default_factory=dict)  # insertion order = FCFS
     running: Mapping[str, Running] = field(default_factory=dict)
@@ -118,6 +119,10 @@ class StateEditor:
         self._base = base
         self._tables: dict[str, Any] = {name: getattr(base, name) for name in _TABLES}
         self._copied: set[str] = set()
+        # Nodes whose situation changed this round (an action arrived, finished, an env got
+        # ready). Pools elsewhere are as the last round left them, so policies may skip them.
+        # "*" means every node (a wake-up, or an action not bound to a node).
+        self.touched: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         tables = self.__dict__.get("_tables")
@@ -132,6 +137,12 @@ class StateEditor:
             self._copied.add(name)
         table: dict[str, Any] = self._tables[name]
         return table
+
+    def touch(self, node_id: str | None) -> None:
+        self.touched.add("*" if node_id is None else node_id)
+
+    def is_touched(self, node_id: str) -> bool:
+        return "*" in self.touched or node_id in self.touched
 
     def next_seq(self) -> int:
         self.seq += 1

@@ -1,1 +1,1 @@
-"""sim package."""
+"""Discrete-event simulator: drives the core ``Scheduler`` on a virtual clock against simulated managers."""

@@ -6,12 +6,14 @@ Shared by the elastic policy (water-filling + greedy eviction) and the fixed-DoP
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from arl_tangram.core import ledger
 from arl_tangram.core.decisions import Decision
+from arl_tangram.core.elasticity import ElasticityModel
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.waterfill import Claim
 from arl_tangram.core.resources import ResourceKind
@@ -66,6 +68,8 @@ def collect(
         scanned += 1
         if scanned > scan_limit:
             break
+        if qa.spec.binding.kind == "env" and not ed.is_touched(ed.envs[qa.spec.binding.name].node_id or ""):
+            continue  # its node's plan from an earlier round stands
         need = qa.spec.demand_at(dop_of(qa))
         node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
         if node_id is None:
@@ -89,7 +93,6 @@ def collect(
 
 def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) -> Claim:
     spec = qa.spec
-    t_ori = ledger.estimated_t_ori(ed, qa)
     unit_cost = spec.demand_per_unit.cpu_millicores if spec.key is ResourceKind.CPU else 0
     lo, hi = spec.dop_min, spec.dop_max
     if fixed_dop is not None:
@@ -97,12 +100,13 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) ->
     if unit_cost == 0:  # not CPU-elastic: its DoP is fixed at dop_min
         hi = lo
         unit_cost = 1
-    elasticity = spec.elasticity
+    return _claim(spec.elasticity, lo, hi, unit_cost, ledger.estimated_t_ori(ed, qa))
 
-    def duration(m: int) -> float:
-        return elasticity.duration_s(t_ori, m)
 
-    return Claim(lo, hi, unit_cost, duration)
+@functools.lru_cache(maxsize=8192)
+def _claim(elasticity: ElasticityModel, lo: int, hi: int, unit_cost: int, t_ori: float) -> Claim:
+    # Most actions of a kind share one learned T_ori, so a round rebuilds few claims.
+    return Claim.of(lo, hi, unit_cost, lambda m: elasticity.duration_s(t_ori, m))
 
 
 def releases_on(ed: StateEditor, node_id: str) -> list[tuple[float, int]]:
@@ -110,21 +114,26 @@ def releases_on(ed: StateEditor, node_id: str) -> list[tuple[float, int]]:
     return [(r.expected_end_s, r.grant.cpu_millicores) for r in ed.running.values() if r.node_id == node_id and r.grant.cpu_millicores]
 
 
-def start_pools(ed: StateEditor, pools: Pools, cause: str, depth: int, fixed_dop: int | None, evict: bool) -> list[Decision]:
+def start_pools(
+    ed: StateEditor, pools: Pools, cause: str, depth: int, fixed_dop: int | None, evict: bool, aging_s: float = float("inf")
+) -> list[Decision]:
     decisions: list[Decision] = []
     for node_id in sorted(pools.candidates):
+        if evict and not ed.is_touched(node_id):
+            continue  # nothing changed there since its last plan: the plan stands
         cands = pools.candidates[node_id]
         claims = [claim_of(ed, qa, fixed_dop) for qa in cands]
         fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands)
         budget = ed.cpu[node_id].free_millicores - fixed_part
         if evict:
             backlog = [claim_of(ed, qa, fixed_dop) for qa in pools.backlog.get(node_id, [])]
-            plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, depth, backlog)
-            count, dops = plan.scheduled, plan.dops
+            deferrable = [ed.now_s - qa.submitted_s < aging_s for qa in cands]
+            plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, depth, backlog, deferrable)
+            chosen, dops = plan.start, plan.dops
             reason = f"elastic: water-filled over {len(cands)} candidates, {plan.evictions} deferred"
         else:
-            count, dops = len(cands), tuple(c.dop_min for c in claims)
+            chosen, dops = tuple(range(len(cands))), tuple(c.dop_min for c in claims)
             reason = f"fixed DoP {fixed_dop}"
-        for qa, dop in zip(cands[:count], dops, strict=True):
+        for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
             decisions.append(ledger.start_action(ed, qa, node_id, dop, reason, cause))
     return decisions

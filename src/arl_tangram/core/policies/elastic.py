@@ -41,7 +41,7 @@ class ElasticPolicy(Policy):
         decisions = placement.place_spread(ed, cause)
         pools = cpu_round.collect(ed, self.depth, self.aging_s, self.dop_floor, self.scan_limit)
         fixed = self.fixed_dop()
-        decisions += cpu_round.start_pools(ed, pools, cause, self.depth, fixed, evict=fixed is None)
+        decisions += cpu_round.start_pools(ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s)
         decisions += services.schedule_pooled(ed, cause, self.depth, self.host_to_device_gbps)
         quota_decisions, quota_wake = quota.schedule_managed(ed, cause)
         decisions += quota_decisions

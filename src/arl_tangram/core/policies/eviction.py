@@ -18,8 +18,8 @@ from arl_tangram.core.policies.waterfill import Claim, allocate
 
 @dataclass(frozen=True)
 class Plan:
-    scheduled: int  # the first ``scheduled`` candidates start now
-    dops: tuple[int, ...]
+    start: tuple[int, ...]  # indices (FCFS order) of the candidates that start now
+    dops: tuple[int, ...]  # their DoPs, aligned with ``start``
     objective_s: float
     evictions: int
 
@@ -52,12 +52,35 @@ def estimate_objective(
             free += units
         if free < c.dop_min * c.unit_cost:
             return float("inf")  # can never start in this pool: treat as unbounded
+        t, free = _best_start(c, t, free, heap)
         m = min(c.dop_max, free // c.unit_cost)
         d = c.duration(m)
         total += (t - now) + d
         free -= m * c.unit_cost
         heapq.heappush(heap, (t + d, m * c.unit_cost))
     return total
+
+
+def _best_start(c: Claim, t: float, free: int, heap: list[tuple[float, int]]) -> tuple[float, int]:
+    """When a waiting claim would start: the release time that minimises its completion.
+
+    Waiting for a few more releases can beat starting at once on scraps; the releases it
+    waits for are consumed from ``heap`` (the claim takes them), later ones stay.
+    """
+    best_end = t + c.duration(min(c.dop_max, free // c.unit_cost))
+    best = (t, free, 0)
+    popped: list[tuple[float, int]] = []
+    cur_t, cur_free = t, free
+    while heap and cur_free < c.dop_max * c.unit_cost:
+        at, units = heapq.heappop(heap)
+        popped.append((at, units))
+        cur_t, cur_free = max(cur_t, at), cur_free + units
+        end = cur_t + c.duration(min(c.dop_max, cur_free // c.unit_cost))
+        if end < best_end - 1e-12:
+            best_end, best = end, (cur_t, cur_free, len(popped))
+    for item in popped[best[2]:]:
+        heapq.heappush(heap, item)
+    return best[0], best[1]
 
 
 def plan_pool(
@@ -67,28 +90,47 @@ def plan_pool(
     now: float,
     depth: int,
     backlog: Sequence[Claim] = (),
+    deferrable: Sequence[bool] | None = None,
 ) -> Plan:
-    """Choose how many FCFS candidates start now, and their DoPs.
+    """Choose which FCFS candidates start now, and their DoPs.
 
-    Start with all candidates; repeatedly try deferring the last scheduled one and keep the
-    deferral only if the objective strictly improves; stop at the first non-improvement or
-    after ``depth`` tries. ``backlog`` (queued actions of this pool that did not fit) is part
-    of the estimate so deferrals that would delay it are charged for it.
+    Start with all candidates; walk them from the last to the first and tentatively defer
+    each, keeping the deferral only if the objective strictly improves (the paper stops at
+    the first non-improvement; going on past a cheap candidate finds the elastic one
+    behind it that should wait for more units). At most ``depth`` tries. ``backlog``
+    (queued actions of this pool that did not fit) is part of the estimate so deferrals
+    that would delay it are charged for it. A candidate whose ``deferrable`` flag is False
+    (it has aged past the bound) is never deferred.
     """
-    n = len(claims)
-    dops = allocate(claims, free)
-    used = sum(m * c.unit_cost for c, m in zip(claims, dops, strict=True))
-    best = Plan(n, tuple(dops), estimate_objective(claims, dops, backlog, free - used, releases, now), 0)
+    keep = list(range(len(claims)))
+    best_dops, best_obj = _evaluate(claims, keep, [], free, releases, now, backlog)
+    deferred: list[int] = []
     tries = 0
-    while best.scheduled > 1 and tries < depth:
-        k = best.scheduled - 1
-        trial = allocate(claims[:k], free)
-        used = sum(m * c.unit_cost for c, m in zip(claims[:k], trial, strict=True))
-        waiting = list(claims[k:]) + list(backlog)
-        obj = estimate_objective(claims[:k], trial, waiting, free - used, releases, now)
-        tries += 1
-        if obj < best.objective_s - 1e-9:
-            best = Plan(k, tuple(trial), obj, best.evictions + 1)
-        else:
+    for i in reversed(range(len(claims))):
+        if tries >= depth:
             break
-    return best
+        if deferrable is not None and not deferrable[i]:
+            continue
+        tries += 1
+        trial_keep = [j for j in keep if j != i]
+        trial_deferred = sorted(deferred + [i])
+        dops, obj = _evaluate(claims, trial_keep, trial_deferred, free, releases, now, backlog)
+        if obj < best_obj - 1e-9:
+            keep, deferred, best_dops, best_obj = trial_keep, trial_deferred, dops, obj
+    return Plan(tuple(keep), tuple(best_dops), best_obj, len(deferred))
+
+
+def _evaluate(
+    claims: Sequence[Claim],
+    keep: list[int],
+    deferred: list[int],
+    free: int,
+    releases: Sequence[tuple[float, int]],
+    now: float,
+    backlog: Sequence[Claim],
+) -> tuple[list[int], float]:
+    kept = [claims[i] for i in keep]
+    dops = allocate(kept, free)
+    used = sum(m * c.unit_cost for c, m in zip(kept, dops, strict=True))
+    waiting = [claims[i] for i in deferred] + list(backlog)
+    return dops, estimate_objective(kept, dops, waiting, free - used, releases, now)

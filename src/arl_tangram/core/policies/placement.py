@@ -10,8 +10,7 @@ from arl_tangram.core.state import StateEditor
 
 def pending_envs(ed: StateEditor) -> list[str]:
     """Env ids waiting for placement, in request (FCFS) order."""
-    waiting = [(env.seq, env_id) for env_id, env in ed.envs.items() if env.node_id is None]
-    return [env_id for _, env_id in sorted(waiting)]
+    return sorted(ed.env_queue, key=lambda env_id: ed.env_queue[env_id])
 
 
 def place_spread(ed: StateEditor, cause: str, cores_held: int = 0) -> list[Decision]:

@@ -15,12 +15,27 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One candidate's view for allocation: DoP bounds, cost per unit, duration at m units."""
+    """One candidate's view for allocation: DoP bounds, cost per unit, duration at each DoP.
+
+    ``durations[m - dop_min]`` is T(m); built once per round by ``Claim.of`` so the
+    allocation and eviction loops only index a tuple.
+    """
 
     dop_min: int
     dop_max: int
     unit_cost: int
-    duration: Callable[[int], float]
+    durations: tuple[float, ...]
+    convex: bool
+
+    @classmethod
+    def of(cls, dop_min: int, dop_max: int, unit_cost: int, duration: Callable[[int], float]) -> Claim:
+        durations = tuple(duration(m) for m in range(dop_min, dop_max + 1))
+        gains = [a - b for a, b in zip(durations, durations[1:], strict=False)]
+        convex = all(g2 <= g1 + 1e-12 for g1, g2 in zip(gains, gains[1:], strict=False))
+        return cls(dop_min, dop_max, unit_cost, durations, convex)
+
+    def duration(self, dop: int) -> float:
+        return self.durations[dop - self.dop_min]
 
 
 def waterfill(claims: Sequence[Claim], budget: int) -> list[int]:
@@ -53,17 +68,6 @@ def _gain(c: Claim, m: int) -> float:
     return (c.duration(m) - c.duration(m + 1)) / c.unit_cost
 
 
-def is_convex(claim: Claim) -> bool:
-    """True if the marginal gains of ``claim`` never increase (greedy is then optimal)."""
-    prev = float("inf")
-    for m in range(claim.dop_min, claim.dop_max):
-        g = claim.duration(m) - claim.duration(m + 1)
-        if g > prev + 1e-12:
-            return False
-        prev = g
-    return True
-
-
 def dp_allocate(claims: Sequence[Claim], budget: int) -> list[int]:
     """Exact minimum of the summed durations by DP over spare budget; O(k · B · range)."""
     unit = math.gcd(*(c.unit_cost for c in claims))  # work in the coarsest common unit
@@ -87,6 +91,6 @@ def dp_allocate(claims: Sequence[Claim], budget: int) -> list[int]:
 
 def allocate(claims: Sequence[Claim], budget: int) -> list[int]:
     """Water-filling when every claim is convex, else the DP."""
-    if all(is_convex(c) for c in claims):
+    if all(c.convex for c in claims):
         return waterfill(claims, budget)
     return dp_allocate(claims, budget)

@@ -1,0 +1,180 @@
+"""Shell: the cgroup v2 driver (one unified hierarchy: cpu.max, cpuset.cpus, memory.max,
+pids.max, cgroup.freeze, cgroup.kill).
+
+v2 forbids tasks in a group whose children have controllers enabled, so the sandbox's init
+lives in the ``init`` slot like any action. The manager's parent group must be delegated to
+it (root, or a systemd scope with ``Delegate=yes``); otherwise creation fails with a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from arl_tangram.managers.cpu.cgroup_driver import CPU_PERIOD_US, CPU_QUOTA_MIN_US, INIT_SLOT, format_cpus
+from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_pids, read_text, rmdir_retry, write_text
+from arl_tangram.managers.cpu.errors import CgroupUnavailableError
+
+V2_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
+
+
+class CgroupV2Driver:
+    """cgroup v2 implementation of ``CgroupDriver`` rooted at ``parent/root_name``."""
+
+    version = 2
+
+    def __init__(self, parent: str, root_name: str) -> None:
+        self.root_name = root_name
+        self._parent = parent
+        self._root = os.path.join(parent, root_name)
+        # per-slot baseline of cpu.stat usage_usec, since v2 has no writable cpu counter
+        self._cpu_base_us: dict[tuple[str, str], int] = {}
+        # per-slot open memory.peak fd: writing resets the peak for reads through that fd
+        self._peak_fds: dict[tuple[str, str], int] = {}
+
+    def describe(self) -> str:
+        return f"cgroup v2: {self._root}"
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self._root, *parts)
+
+    def _enable(self, group_dir: str) -> None:
+        write_text(os.path.join(group_dir, "cgroup.subtree_control"), " ".join("+" + c for c in V2_CONTROLLERS))
+
+    # -- groups -------------------------------------------------------------------------
+    def create_root(self) -> None:
+        try:
+            available = read_text(os.path.join(self._parent, "cgroup.controllers")).split()
+            missing = [c for c in V2_CONTROLLERS if c not in available]
+            if missing:
+                raise CgroupUnavailableError(f"cgroup v2: controllers not delegated to {self._parent}: {', '.join(missing)}")
+            self._enable(self._parent)
+            os.makedirs(self._root, exist_ok=True)
+            self._enable(self._root)
+        except OSError as exc:
+            hint = " (the parent holds tasks; move them to a leaf group)" if exc.errno == errno.EBUSY else ""
+            raise CgroupUnavailableError(
+                f"cgroup v2: cannot create the manager's groups under {self._parent}: {exc}{hint}; "
+                "run as root with a delegated subtree, or pass unisolated=True for a dev mode"
+            ) from exc
+
+    def remove_root(self) -> None:
+        rmdir_retry(self._root)
+
+    def create_sandbox(self, sandbox: str, mem_bytes: int, pids_max: int, cpus: Sequence[int]) -> None:
+        os.mkdir(self._path(sandbox))
+        self._enable(self._path(sandbox))
+        write_text(self._path(sandbox, "cpuset.cpus"), format_cpus(cpus))
+        write_text(self._path(sandbox, "cpu.max"), f"{CPU_QUOTA_MIN_US} {CPU_PERIOD_US}")
+        self.set_limits(sandbox, mem_bytes, pids_max)
+        self.create_slot(sandbox, INIT_SLOT)
+
+    def remove_sandbox(self, sandbox: str) -> None:
+        base = self._path(sandbox)
+        try:
+            children = sorted(e.name for e in os.scandir(base) if e.is_dir())
+        except FileNotFoundError:
+            return
+        for child in children:
+            self.remove_slot(sandbox, child)
+        rmdir_retry(base)
+
+    def create_slot(self, sandbox: str, slot: str) -> None:
+        os.mkdir(self._path(sandbox, slot))
+
+    def remove_slot(self, sandbox: str, slot: str) -> None:
+        fd = self._peak_fds.pop((sandbox, slot), None)
+        if fd is not None:
+            os.close(fd)
+        self._cpu_base_us.pop((sandbox, slot), None)
+        rmdir_retry(self._path(sandbox, slot))
+
+    def join_files(self, sandbox: str, slot: str) -> tuple[str, ...]:
+        return (self._path(sandbox, slot, "cgroup.procs"),)
+
+    # -- limits and grants --------------------------------------------------------------
+    def set_grant(self, sandbox: str, cpus: Sequence[int], quota_us: int) -> None:
+        write_text(self._path(sandbox, "cpuset.cpus"), format_cpus(cpus))
+        quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
+        write_text(self._path(sandbox, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+
+    def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
+        write_text(self._path(sandbox, "memory.max"), str(mem_bytes))
+        if os.path.exists(self._path(sandbox, "memory.swap.max")):
+            write_text(self._path(sandbox, "memory.swap.max"), "0")
+        write_text(self._path(sandbox, "pids.max"), str(pids_max))
+
+    def freeze(self, sandbox: str) -> None:
+        write_text(self._path(sandbox, "cgroup.freeze"), "1")
+
+    def thaw(self, sandbox: str) -> None:
+        write_text(self._path(sandbox, "cgroup.freeze"), "0")
+
+    # -- tasks --------------------------------------------------------------------------
+    def slot_pids(self, sandbox: str, slot: str) -> list[int]:
+        return read_pids(self._path(sandbox, slot, "cgroup.procs"))
+
+    def sandbox_pids(self, sandbox: str) -> list[int]:
+        base = self._path(sandbox)
+        pids = read_pids(os.path.join(base, "cgroup.procs"))
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(base):
+                if entry.is_dir():
+                    pids.extend(read_pids(os.path.join(entry.path, "cgroup.procs")))
+        return sorted(set(pids))
+
+    def kill_slot(self, sandbox: str, slot: str) -> None:
+        self._kill(self._path(sandbox, slot), lambda: self.slot_pids(sandbox, slot))
+
+    def kill_sandbox(self, sandbox: str) -> None:
+        self._kill(self._path(sandbox), lambda: self.sandbox_pids(sandbox))
+
+    @staticmethod
+    def _kill(group_dir: str, pids: Callable[[], list[int]], timeout_s: float = 5.0) -> None:
+        """``cgroup.kill`` SIGKILLs the whole subtree atomically (kernel >= 5.14); then wait."""
+        try:
+            write_text(os.path.join(group_dir, "cgroup.kill"), "1")
+        except FileNotFoundError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while pids() and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    # -- accounting ---------------------------------------------------------------------
+    def reset_slot_counters(self, sandbox: str, slot: str) -> None:
+        key = (sandbox, slot)
+        self._cpu_base_us[key] = read_keyed(self._path(sandbox, slot, "cpu.stat")).get("usage_usec", 0)
+        fd = self._peak_fds.get(key)
+        if fd is None:
+            try:
+                fd = os.open(self._path(sandbox, slot, "memory.peak"), os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                return
+            self._peak_fds[key] = fd
+        with contextlib.suppress(OSError):  # kernels < 6.12 cannot reset; the peak is the slot's
+            os.pwrite(fd, b"reset\n", 0)
+
+    def slot_cpu_ns(self, sandbox: str, slot: str) -> int:
+        used = read_keyed(self._path(sandbox, slot, "cpu.stat")).get("usage_usec", 0)
+        return max(0, used - self._cpu_base_us.get((sandbox, slot), 0)) * 1000
+
+    def slot_peak_bytes(self, sandbox: str, slot: str) -> int:
+        fd = self._peak_fds.get((sandbox, slot))
+        if fd is not None:
+            text = os.pread(fd, 64, 0).decode().strip()
+            if text.isdigit():
+                return int(text)
+        return read_int(self._path(sandbox, slot, "memory.peak"))
+
+    def sandbox_memory_bytes(self, sandbox: str) -> int:
+        return read_int(self._path(sandbox, "memory.current"))
+
+    def sandbox_cpu_ns(self, sandbox: str) -> int:
+        return read_keyed(self._path(sandbox, "cpu.stat")).get("usage_usec", 0) * 1000
+
+    def oom_kills(self, sandbox: str) -> int:
+        """Hierarchical ``oom_kill`` count of the sandbox (``memory.events``)."""
+        return read_keyed(self._path(sandbox, "memory.events")).get("oom_kill", 0)

@@ -1,0 +1,156 @@
+"""Shell: pump one started process's pipes until it exits, times out or is cancelled.
+
+Output is capped per stream (the rest is drained and counted, so a chatty program never
+blocks on a full pipe); binary output is kept as bytes. The wait ends when the *process*
+exits, not when its pipes close: a background child that keeps stdout open cannot hang the
+action (its remaining output is drained for ``drain_s`` only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_CHUNK = 65536
+_STOP_GRACE_S = 10.0
+
+
+@dataclass
+class StreamBuffer:
+    cap_bytes: int
+    data: bytearray
+    total_bytes: int = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.cap_bytes - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.total_bytes += len(chunk)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total_bytes > len(self.data)
+
+
+@dataclass
+class PumpResult:
+    returncode: int | None
+    stdout: StreamBuffer
+    stderr: StreamBuffer
+    timed_out: bool
+    cancelled: bool
+
+
+def pump(
+    proc: subprocess.Popen[bytes],
+    *,
+    stdin: bytes | None,
+    timeout_s: float,
+    cap_bytes: int,
+    cancel: threading.Event | None,
+    on_stop: Callable[[], None],
+    drain_s: float = 0.05,
+) -> PumpResult:
+    """Feed ``stdin``, collect stdout/stderr, and wait for ``proc``.
+
+    On timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the
+    wait then continues until the process is gone. Called from one thread per process.
+    """
+    out, err = StreamBuffer(cap_bytes, bytearray()), StreamBuffer(cap_bytes, bytearray())
+    sel = selectors.DefaultSelector()
+    pidfd = os.pidfd_open(proc.pid)
+    sel.register(pidfd, selectors.EVENT_READ, "exit")
+    for f, buf in ((proc.stdout, out), (proc.stderr, err)):
+        if f is not None:
+            os.set_blocking(f.fileno(), False)
+            sel.register(f.fileno(), selectors.EVENT_READ, buf)
+    pending = memoryview(stdin or b"")
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        if pending:
+            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+        else:
+            proc.stdin.close()
+    deadline = time.monotonic() + timeout_s
+    stopped = timed_out = cancelled = exited = False
+    try:
+        while not exited:
+            now = time.monotonic()
+            if not stopped:
+                is_cancel = cancel is not None and cancel.is_set()
+                if now >= deadline or is_cancel:
+                    timed_out, cancelled, stopped = not is_cancel, is_cancel, True
+                    on_stop()
+                    # the process tree is dead or dying; never wait on it for long
+                    deadline = now + _STOP_GRACE_S
+                    continue
+            elif now >= deadline:
+                proc.kill()
+                break
+            wait = deadline - now
+            if cancel is not None and not stopped:
+                wait = min(wait, 0.05)
+            for key, _ in sel.select(wait):
+                if key.data == "exit":
+                    exited = True
+                elif key.data == "stdin":
+                    pending = _write_stdin(sel, proc, pending)
+                else:
+                    _read_into(sel, key.fd, key.data)
+        proc.wait()
+        _drain(sel, drain_s)
+    finally:
+        _close(sel, proc, pidfd)
+    return PumpResult(proc.returncode, out, err, timed_out, cancelled)
+
+
+def _write_stdin(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], pending: memoryview) -> memoryview:
+    assert proc.stdin is not None
+    try:
+        n = os.write(proc.stdin.fileno(), pending[:_CHUNK])
+        pending = pending[n:]
+    except (BrokenPipeError, BlockingIOError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            pending = pending[len(pending):]
+    if not pending:
+        sel.unregister(proc.stdin.fileno())
+        proc.stdin.close()
+    return pending
+
+
+def _read_into(sel: selectors.BaseSelector, fd: int, buf: StreamBuffer) -> None:
+    try:
+        chunk = os.read(fd, _CHUNK)
+    except BlockingIOError:
+        return
+    if chunk:
+        buf.feed(chunk)
+    else:
+        sel.unregister(fd)
+
+
+def _drain(sel: selectors.BaseSelector, drain_s: float) -> None:
+    """Read what the exited process left in its pipes; stop early at EOF on all of them."""
+    deadline = time.monotonic() + drain_s
+    while time.monotonic() < deadline:
+        readers = [k for k in sel.get_map().values() if isinstance(k.data, StreamBuffer)]
+        if not readers:
+            return
+        for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+            if isinstance(key.data, StreamBuffer):
+                _read_into(sel, key.fd, key.data)
+
+
+def _close(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], pidfd: int) -> None:
+    sel.close()
+    os.close(pidfd)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()

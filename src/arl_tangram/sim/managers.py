@@ -1,0 +1,152 @@
+"""Sim: simulated managers. They carry out decisions with the platform's latencies and
+report back the events a real manager would (EnvReady, ServiceReady, ActionFinished).
+
+Mechanism only: they never decide anything a policy should.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+from arl_tangram.core.decisions import Decision, EvictService, LoadService, PlaceEnv, RejectAction, StartAction
+from arl_tangram.core.events import ActionFinished, EnvReady, Event, ServiceReady
+from arl_tangram.core.resources import MILLICORES_PER_CORE
+from arl_tangram.core.topology import ClusterSpec
+from arl_tangram.sim.engine import EventQueue
+from arl_tangram.sim.metrics import Metrics
+from arl_tangram.sim.platform import Platform
+from arl_tangram.sim.workload import ActionTemplate
+
+MAX_BACKOFF_S = 30.0  # client-side exponential backoff cap (assumption: common client default)
+
+
+class ProviderLimit:
+    """The API provider's own limit: at most ``rate_per_s`` calls accepted in any 1 s window."""
+
+    def __init__(self, rate_per_s: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.accepted: deque[float] = deque()
+
+    def admit(self, now_s: float) -> bool:
+        while self.accepted and self.accepted[0] <= now_s - 1.0:
+            self.accepted.popleft()
+        if len(self.accepted) >= self.rate_per_s:
+            return False
+        self.accepted.append(now_s)
+        return True
+
+
+class SimManagers:
+    def __init__(
+        self,
+        queue: EventQueue,
+        cluster: ClusterSpec,
+        platform: Platform,
+        metrics: Metrics,
+        templates: dict[str, ActionTemplate],
+        emit: Callable[[Event], None],
+        on_done: Callable[[str, str], None],
+        seed: int,
+    ) -> None:
+        self.q = queue
+        self.cluster = cluster
+        self.platform = platform
+        self.metrics = metrics
+        self.templates = templates
+        self.emit = emit
+        self.on_done = on_done
+        self.rng = random.Random(seed)
+        self.replica_ready_at: dict[str, float] = {}
+        self.replica_loaded_at: dict[str, tuple[float, int]] = {}
+        self.env_held: dict[str, tuple[float, int]] = {}
+        self.providers = {p.provider: ProviderLimit(p.rate_per_s) for p in cluster.quota_pools}
+
+    def apply(self, decisions: tuple[Decision, ...], instant_loads: bool = False) -> None:
+        for d in decisions:
+            if isinstance(d, PlaceEnv):
+                self._place_env(d)
+            elif isinstance(d, LoadService):
+                self._load(d, instant_loads)
+            elif isinstance(d, EvictService):
+                self._evict(d.replica_id)
+            elif isinstance(d, StartAction):
+                self._start(d)
+            elif isinstance(d, RejectAction):
+                self.metrics.rejected += 1
+                self.on_done(d.action_id, "rejected")
+
+    def _place_env(self, d: PlaceEnv) -> None:
+        self.env_held[d.env_id] = (self.q.now_s, d.held.cpu_millicores)
+        self.q.after(self.platform.env_start_s(self.rng), lambda: self.emit(EnvReady(d.env_id)))
+
+    def release_env(self, env_id: str) -> None:
+        placed = self.env_held.pop(env_id, None)
+        if placed and placed[1]:
+            self.metrics.reserved["cpu"].add(placed[0], self.q.now_s, placed[1] / MILLICORES_PER_CORE)
+
+    def _load(self, d: LoadService, instant: bool) -> None:
+        service = self.cluster.services[d.service]
+        load_s = 0.0 if instant else service.weight_bytes / d.size / (self.platform.host_to_device_gbps * 1e9)
+        self.replica_ready_at[d.replica_id] = self.q.now_s + load_s
+        self.replica_loaded_at[d.replica_id] = (self.q.now_s, d.size)
+        self.q.after(load_s, lambda: self.emit(ServiceReady(d.replica_id)))
+
+    def _evict(self, replica_id: str) -> None:
+        loaded = self.replica_loaded_at.pop(replica_id, None)
+        self.replica_ready_at.pop(replica_id, None)
+        if loaded:
+            self.metrics.reserved["gpu"].add(loaded[0], self.q.now_s, loaded[1])
+
+    def close(self) -> None:
+        """At the end of a run, account for what is still held."""
+        for env_id in list(self.env_held):
+            self.release_env(env_id)
+        for replica_id in list(self.replica_loaded_at):
+            self._evict(replica_id)
+
+    def _start(self, d: StartAction) -> None:
+        tpl = self.templates[d.action_id]
+        rec = self.metrics.actions[d.action_id]
+        rec.start_s = self.q.now_s
+        rec.dop = d.dop
+        exec_s = tpl.elasticity.duration_s(tpl.t_ori_s, d.dop)
+        if tpl.binding_kind == "env":
+            self._run(d, rec, self.platform.action_overhead_s, exec_s, "cpu")
+        elif tpl.binding_kind == "service":
+            wait = max(0.0, self.replica_ready_at.get(d.replica_id or "", self.q.now_s) - self.q.now_s)
+            self._run(d, rec, wait, exec_s, "gpu")
+        elif d.grant.quota_tokens:  # managed: the global bucket already paced it
+            self.providers[tpl.binding_name].admit(self.q.now_s)
+            self._run(d, rec, 0.0, exec_s, "api")
+        else:
+            self._call_unmanaged(d, rec, exec_s, attempt=0)
+
+    def _run(self, d: StartAction, rec, overhead_s: float, exec_s: float, resource: str) -> None:  # type: ignore[no-untyped-def]
+        rec.exec_start_s = self.q.now_s + overhead_s
+        tpl = self.templates[d.action_id]
+        end = rec.exec_start_s + exec_s
+        if resource == "cpu":
+            cores = d.grant.cpu_millicores / MILLICORES_PER_CORE
+            self.metrics.reserved["cpu"].add(rec.start_s, end, cores)
+            self.metrics.used["cpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
+        elif resource == "gpu":
+            self.metrics.used["gpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
+
+        def finish() -> None:
+            rec.end_s = self.q.now_s
+            rec.outcome = "succeeded"
+            self.emit(ActionFinished(d.action_id, "succeeded", exec_s))
+            self.on_done(d.action_id, "succeeded")
+
+        self.q.at(end, finish)
+
+    def _call_unmanaged(self, d: StartAction, rec, exec_s: float, attempt: int) -> None:  # type: ignore[no-untyped-def]
+        provider = self.providers[self.templates[d.action_id].binding_name]
+        if provider.admit(self.q.now_s):
+            self._run(d, rec, 0.0, exec_s, "api")  # time lost to 429s before this counts as overhead
+            return
+        rec.retries += 1
+        backoff = self.rng.uniform(0.0, min(MAX_BACKOFF_S, 2.0**attempt))  # full jitter
+        self.q.after(self.platform.api_rtt_s + backoff, lambda: self._call_unmanaged(d, rec, exec_s, attempt + 1))

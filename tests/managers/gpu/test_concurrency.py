@@ -1,0 +1,78 @@
+"""Many concurrent requests across more services than fit: none lost, none mixed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from arl_tangram.managers.gpu import GpuManager
+
+
+def _reference(manager: GpuManager, name: str, tokens: list[int]) -> list[float]:
+    """Log-probs computed alone (batch of one), to compare each concurrent answer with."""
+    return manager.call_sync(name, {"tokens": tokens})["token_logprobs"][1:]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_concurrent_calls_across_more_teachers_than_fit(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path], teacher_footprint: int, num_workers: int
+) -> None:
+    budget = 2 * teacher_footprint  # two of five teachers fit at once
+    manager = make_manager([budget], num_workers=num_workers, batch_window_s=0.003)
+    names = [f"teacher{i}" for i in range(len(teacher_folders))]
+    for name, folder in zip(names, teacher_folders, strict=True):
+        manager.register_folder(name, folder, "logprobs")
+    rng = random.Random(7)
+    work = [(rng.choice(names), [rng.randrange(4096) for _ in range(rng.randint(2, 24))]) for _ in range(80)]
+
+    async def run_all() -> list[dict]:
+        async def one(name: str, tokens: list[int]) -> dict:
+            await asyncio.sleep(rng.random() * 0.02)
+            return await manager.call(name, {"tokens": tokens})
+
+        return list(await asyncio.gather(*(one(n, t) for n, t in work)))
+
+    results = asyncio.run(run_all())
+    assert len(results) == len(work)
+    for (name, tokens), result in zip(work, results, strict=True):
+        assert result["tokens"] == tokens
+        torch.testing.assert_close(
+            torch.tensor(result["token_logprobs"][1:]), torch.tensor(_reference(manager, name, tokens)), rtol=0, atol=1e-4
+        )
+    status = manager.status()
+    assert sum(s["num_requests"] for s in status["services"].values()) == len(work) * 2
+    assert sum(s["num_evictions"] for s in status["services"].values()) > 0
+    assert len(status["devices"][0]["resident"]) <= 2
+
+
+def test_threads_calling_sync_in_parallel(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path], teacher_footprint: int
+) -> None:
+    budget = 2 * teacher_footprint
+    manager = make_manager([budget])
+    for i, folder in enumerate(teacher_folders[:3]):
+        manager.register_folder(f"t{i}", folder, "logprobs")
+    expected = {i: manager.call_sync(f"t{i}", {"tokens": [1, 2, 3, i + 4]}) for i in range(3)}
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(15):
+                i = rng.randrange(3)
+                assert manager.call_sync(f"t{i}", {"tokens": [1, 2, 3, i + 4]}) == expected[i]
+        except BaseException as exc:  # surfaced below; a thread cannot fail the test itself
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
