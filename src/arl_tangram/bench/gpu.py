@@ -74,6 +74,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--churn-steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: 1 on CPU devices: on a small shared VM two spinning "
+        "OpenMP threads stall each other for hundreds of ms; torch's default on CUDA)",
+    )
+    parser.add_argument(
         "--cpu", action="store_true", help="use a CPU device even if CUDA is present"
     )
     parser.add_argument(
@@ -355,6 +362,9 @@ def main(argv: list[str]) -> int:
     from arl_tangram.managers.gpu.models import generate_causal_lm
 
     on_cuda = cuda_available() and not args.cpu
+    threads = args.torch_threads or (None if on_cuda else 1)
+    if threads:
+        torch.set_num_threads(threads)
     device = (
         f"cuda:0 ({torch.cuda.get_device_name(0)})"
         if on_cuda

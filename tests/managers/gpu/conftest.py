@@ -51,6 +51,9 @@ def make_manager() -> Iterator[Callable[..., GpuManager]]:
 def teacher_footprint(teacher_folders: list[Path]) -> int:
     """Arena bytes one teacher needs (all teachers share one architecture, so one size)."""
     with GpuManager(cpu_devices([64 << 20])) as manager:
-        sizes = {manager.register_folder(f"probe{i}", f, "logprobs").footprint_bytes for i, f in enumerate(teacher_folders)}
+        sizes = {
+            manager.register_folder(f"probe{i}", f, "logprobs").footprint_bytes
+            for i, f in enumerate(teacher_folders)
+        }
     assert len(sizes) == 1
     return sizes.pop()

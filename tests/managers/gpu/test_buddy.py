@@ -13,7 +13,11 @@ MIN = 256
 
 def test_roots_cover_a_capacity_that_is_not_a_power_of_two() -> None:
     model = BuddyModel(11 * MIN, MIN)
-    assert [(b.offset_bytes, b.size_bytes) for b in model.roots] == [(0, 8 * MIN), (8 * MIN, 2 * MIN), (10 * MIN, MIN)]
+    assert [(b.offset_bytes, b.size_bytes) for b in model.roots] == [
+        (0, 8 * MIN),
+        (8 * MIN, 2 * MIN),
+        (10 * MIN, MIN),
+    ]
     assert model.free_bytes == 11 * MIN
     model.check_invariants()
 
@@ -23,7 +27,9 @@ def test_block_is_best_fit_lowest_address_and_rounds_to_power_of_two() -> None:
     first = model.allocate(3 * MIN)
     second = model.allocate(MIN)
     assert first == Block(0, 4 * MIN)
-    assert second == Block(4 * MIN, MIN)  # splits the free 4-block next to ``first``, not the 8-block
+    assert second == Block(
+        4 * MIN, MIN
+    )  # splits the free 4-block next to ``first``, not the 8-block
     model.check_invariants()
 
 
@@ -75,7 +81,9 @@ ops = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(capacity_units=st.integers(1, 300), operations=ops)
-def test_random_operations_keep_the_invariants(capacity_units: int, operations: list[tuple[str, int]]) -> None:
+def test_random_operations_keep_the_invariants(
+    capacity_units: int, operations: list[tuple[str, int]]
+) -> None:
     model = BuddyModel(capacity_units * MIN, MIN)
     live: list[Block] = []
     for op, value in operations:
@@ -84,7 +92,10 @@ def test_random_operations_keep_the_invariants(capacity_units: int, operations: 
             if block is not None:
                 assert block.size_bytes >= value
                 assert block.offset_bytes % block.size_bytes == 0  # aligned to its own size
-                assert all(block.end_bytes <= o.offset_bytes or o.end_bytes <= block.offset_bytes for o in live)
+                assert all(
+                    block.end_bytes <= o.offset_bytes or o.end_bytes <= block.offset_bytes
+                    for o in live
+                )
                 live.append(block)
             else:  # a refusal is honest: no free block is large enough
                 assert model.largest_free_block_bytes() < model.block_size_for(value)
@@ -100,8 +111,12 @@ def test_random_operations_keep_the_invariants(capacity_units: int, operations: 
 
 
 @settings(max_examples=100, deadline=None)
-@given(sizes=st.lists(st.integers(1, 20), min_size=1, max_size=12), capacity_units=st.integers(1, 200))
-def test_allocate_all_of_powers_of_two_fits_exactly_when_the_sum_fits(sizes: list[int], capacity_units: int) -> None:
+@given(
+    sizes=st.lists(st.integers(1, 20), min_size=1, max_size=12), capacity_units=st.integers(1, 200)
+)
+def test_allocate_all_of_powers_of_two_fits_exactly_when_the_sum_fits(
+    sizes: list[int], capacity_units: int
+) -> None:
     """Largest-first placement of power-of-two blocks into an empty arena never wastes space."""
     model = BuddyModel(capacity_units * MIN, MIN)
     blocks = [model.block_size_for(s * MIN) for s in sizes]

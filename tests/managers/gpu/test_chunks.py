@@ -59,7 +59,11 @@ def test_node_without_a_power_of_two_of_devices() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.booleans(), st.integers(0, 100)), max_size=60))
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4, 8]), st.booleans(), st.integers(0, 100)), max_size=60
+    )
+)
 def test_random_claims_never_overlap(ops: list[tuple[int, bool, int]]) -> None:
     model = ChunkModel(8)
     live: list[tuple[int, int]] = []

@@ -21,7 +21,10 @@ def _reference(manager: GpuManager, name: str, tokens: list[int]) -> list[float]
 
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_concurrent_calls_across_more_teachers_than_fit(
-    make_manager: Callable[..., GpuManager], teacher_folders: list[Path], teacher_footprint: int, num_workers: int
+    make_manager: Callable[..., GpuManager],
+    teacher_folders: list[Path],
+    teacher_footprint: int,
+    num_workers: int,
 ) -> None:
     budget = 2 * teacher_footprint  # two of five teachers fit at once
     manager = make_manager([budget], num_workers=num_workers, batch_window_s=0.003)
@@ -29,7 +32,10 @@ def test_concurrent_calls_across_more_teachers_than_fit(
     for name, folder in zip(names, teacher_folders, strict=True):
         manager.register_folder(name, folder, "logprobs")
     rng = random.Random(7)
-    work = [(rng.choice(names), [rng.randrange(4096) for _ in range(rng.randint(2, 24))]) for _ in range(80)]
+    work = [
+        (rng.choice(names), [rng.randrange(4096) for _ in range(rng.randint(2, 24))])
+        for _ in range(80)
+    ]
 
     async def run_all() -> list[dict]:
         async def one(name: str, tokens: list[int]) -> dict:
@@ -43,7 +49,10 @@ def test_concurrent_calls_across_more_teachers_than_fit(
     for (name, tokens), result in zip(work, results, strict=True):
         assert result["tokens"] == tokens
         torch.testing.assert_close(
-            torch.tensor(result["token_logprobs"][1:]), torch.tensor(_reference(manager, name, tokens)), rtol=0, atol=1e-4
+            torch.tensor(result["token_logprobs"][1:]),
+            torch.tensor(_reference(manager, name, tokens)),
+            rtol=0,
+            atol=1e-4,
         )
     status = manager.status()
     assert sum(s["num_requests"] for s in status["services"].values()) == len(work) * 2

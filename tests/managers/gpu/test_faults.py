@@ -34,7 +34,9 @@ class TinyLM(torch.nn.Module):
         self.fail = fail
         self.calls = 0
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         self.calls += 1
         if self.fail == "oom-when-batched" and input_ids.shape[0] > 1:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -57,7 +59,9 @@ def test_failing_loader_marks_the_service_failed_and_others_keep_serving(
 
     status = manager.register_module("broken", broken, "logprobs")
     assert status.state == "failed" and "weights file is corrupt" in (status.error or "")
-    (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'
+    )
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     assert manager.register_folder("garbage", tmp_path, "logprobs").state == "failed"
     manager.register_module("good", _tiny(), "logprobs")
@@ -69,7 +73,9 @@ def test_failing_loader_marks_the_service_failed_and_others_keep_serving(
     assert manager.status()["services"]["broken"]["state"] == "failed"
 
 
-def test_unknown_service_names_itself_and_the_known_ones(make_manager: Callable[..., GpuManager]) -> None:
+def test_unknown_service_names_itself_and_the_known_ones(
+    make_manager: Callable[..., GpuManager],
+) -> None:
     manager = make_manager([8 << 20])
     manager.register_module("known", _tiny(), "logprobs")
     with pytest.raises(UnknownServiceError, match=r"unknown service 'nope'.*known"):
@@ -155,7 +161,9 @@ def test_forward_out_of_memory_splits_the_batch(make_manager: Callable[..., GpuM
     manager.register_module("oom", _tiny("oom-when-batched"), "logprobs")
 
     async def burst() -> list[dict]:
-        return list(await asyncio.gather(*(manager.call("oom", {"tokens": [i, i + 1]}) for i in range(6))))
+        return list(
+            await asyncio.gather(*(manager.call("oom", {"tokens": [i, i + 1]}) for i in range(6)))
+        )
 
     results = asyncio.run(burst())
     assert [r["tokens"] for r in results] == [[i, i + 1] for i in range(6)]

@@ -27,13 +27,17 @@ UNRELATED = [
 ]
 
 
-def test_minilm_scores_paraphrases_above_unrelated_pairs(make_manager: Callable[..., GpuManager]) -> None:
+def test_minilm_scores_paraphrases_above_unrelated_pairs(
+    make_manager: Callable[..., GpuManager],
+) -> None:
     manager = make_manager([128 << 20])
     manager.register_folder("reward/minilm", minilm_path(), "score")
 
     async def score_all() -> list[float]:
         pairs = PARAPHRASES + UNRELATED
-        results = await asyncio.gather(*(manager.call("reward/minilm", {"a": a, "b": b}) for a, b in pairs))
+        results = await asyncio.gather(
+            *(manager.call("reward/minilm", {"a": a, "b": b}) for a, b in pairs)
+        )
         return [r["score"] for r in results]
 
     scores = asyncio.run(score_all())
@@ -43,7 +47,9 @@ def test_minilm_scores_paraphrases_above_unrelated_pairs(make_manager: Callable[
         assert p > u + 0.3
 
 
-def test_embeddings_are_unit_vectors_of_minilm_width(make_manager: Callable[..., GpuManager]) -> None:
+def test_embeddings_are_unit_vectors_of_minilm_width(
+    make_manager: Callable[..., GpuManager],
+) -> None:
     manager = make_manager([128 << 20])
     manager.register_folder("minilm", minilm_path(), "embed")
     data = manager.call_sync("minilm", {"input": ["one", "two words"]})["data"]
@@ -67,10 +73,16 @@ def test_teacher_logprobs_match_a_direct_forward_pass(
 ) -> None:
     manager = make_manager([32 << 20])
     manager.register_folder("teacher", teacher_folders[3], "logprobs")
-    sequences = [[3, 1, 4, 1, 5, 9, 2, 6], [27, 18, 28], [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100]]
+    sequences = [
+        [3, 1, 4, 1, 5, 9, 2, 6],
+        [27, 18, 28],
+        [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100],
+    ]
 
     async def batched() -> list[dict]:
-        return list(await asyncio.gather(*(manager.call("teacher", {"tokens": s}) for s in sequences)))
+        return list(
+            await asyncio.gather(*(manager.call("teacher", {"tokens": s}) for s in sequences))
+        )
 
     single = manager.call_sync("teacher", {"tokens": sequences[0]})
     expected = _direct_logprobs(teacher_folders[3], sequences[0])
@@ -79,5 +91,8 @@ def test_teacher_logprobs_match_a_direct_forward_pass(
     for seq, result in zip(sequences, asyncio.run(batched()), strict=True):  # padded batch: close
         assert result["tokens"] == seq
         torch.testing.assert_close(
-            torch.tensor(result["token_logprobs"][1:]), torch.tensor(_direct_logprobs(teacher_folders[3], seq)), rtol=0, atol=1e-4
+            torch.tensor(result["token_logprobs"][1:]),
+            torch.tensor(_direct_logprobs(teacher_folders[3], seq)),
+            rtol=0,
+            atol=1e-4,
         )

@@ -9,11 +9,17 @@ from arl_tangram.managers.gpu.layout import plan_layout, split_balanced
 
 
 @settings(max_examples=150, deadline=None)
-@given(sizes=st.lists(st.integers(0, 3_000_000), min_size=1, max_size=60), granule_log=st.integers(10, 20))
+@given(
+    sizes=st.lists(st.integers(0, 3_000_000), min_size=1, max_size=60),
+    granule_log=st.integers(10, 20),
+)
 def test_layout_slots_fit_their_blocks_without_overlap(sizes: list[int], granule_log: int) -> None:
     granule = 1 << granule_log
     layout = plan_layout(sizes, granule, align_bytes=256)
-    assert all(b % granule == 0 and (b // granule) & (b // granule - 1) == 0 for b in layout.block_sizes_bytes)
+    assert all(
+        b % granule == 0 and (b // granule) & (b // granule - 1) == 0
+        for b in layout.block_sizes_bytes
+    )
     assert sorted(s.index for s in layout.slots) == list(range(len(sizes)))
     per_block: dict[int, list[tuple[int, int]]] = {}
     for slot in layout.slots:

@@ -18,7 +18,9 @@ def _arena_range(manager: GpuManager, device: int) -> tuple[int, int]:
     return buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
 
 
-def test_logprobs_identical_after_evict_and_swap_in(make_manager: Callable[..., GpuManager], teacher_folders: list[Path]) -> None:
+def test_logprobs_identical_after_evict_and_swap_in(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
+) -> None:
     manager = make_manager([64 << 20])
     manager.register_folder("teacher", teacher_folders[0], "logprobs")
     before = manager.call_sync("teacher", {"tokens": TOKENS})
@@ -49,7 +51,9 @@ def test_embeddings_identical_after_being_evicted_by_another_service(
     assert manager.status()["services"]["minilm"]["num_evictions"] == 1
 
 
-def test_host_backup_is_not_pinned_without_cuda(make_manager: Callable[..., GpuManager], teacher_folders: list[Path]) -> None:
+def test_host_backup_is_not_pinned_without_cuda(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
+) -> None:
     manager = make_manager([32 << 20])
     manager.register_folder("teacher", teacher_folders[0], "logprobs")
     host = manager._services["teacher"].shards[0].host

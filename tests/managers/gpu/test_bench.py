@@ -1,0 +1,54 @@
+"""``arl-tangram bench gpu --json`` runs end to end (tiny sizes) and prints the issue's keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.bench import gpu
+
+
+def test_bench_prints_one_json_object_with_the_required_keys(
+    model_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--json",
+        "--model-mb",
+        "4",
+        "--teacher-mb",
+        "2",
+        "--repeats",
+        "2",
+        "--mopd-requests",
+        "20",
+    ]
+    argv += [
+        "--mopd-tokens",
+        "16",
+        "--churn-steps",
+        "200",
+        "--cache-dir",
+        str(model_cache),
+        "--cpu",
+    ]
+    assert gpu.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in (
+        "device",
+        "raw_copy_gbps",
+        "swap_in_gbps",
+        "swap_efficiency",
+        "cold_load_s",
+        "swap_in_s",
+        "swap_vs_cold",
+        "fragmentation_largest_free_ratio",
+    ):
+        assert isinstance(result[key], (int, float, str)), key
+    mopd = result["mopd"]
+    for key in ("static_p50_ms", "tangram_p50_ms", "static_device_bytes", "tangram_device_bytes"):
+        assert mopd[key] > 0, key
+    assert mopd["tangram_device_bytes"] * 3 == mopd["static_device_bytes"]
+    assert mopd["static_swap_ins"] == 0 and mopd["tangram_swap_ins"] > 0
+    assert 0 < result["fragmentation_largest_free_ratio"] <= 1
