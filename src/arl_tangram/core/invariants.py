@@ -74,7 +74,7 @@ def _check_quota(state: ClusterState) -> None:
 
 
 def _check_actions(state: ClusterState) -> None:
-    if set(state.queue) & set(state.running):
+    if set(state.queued()) & set(state.running):
         _fail("an action is both queued and running")
     for run in state.running.values():
         if not run.spec.dop_min <= run.dop <= run.spec.dop_max:

@@ -19,7 +19,7 @@ from arl_tangram.core.decisions import (
     StartAction,
 )
 from arl_tangram.core.resources import ZERO, ResourceVector
-from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor
+from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor, lane_of
 
 DEFAULT_T_ORI_S = 1.0  # prior for an action kind never seen and given no estimate
 
@@ -70,7 +70,7 @@ def start_action(
     ed.w("running")[spec.action_id] = Running(
         spec, node_id, grant, dop, qa.submitted_s, ed.now_s, ed.now_s + extra_delay_s + duration, replica_id, numa
     )
-    del ed.w("queue")[spec.action_id]
+    del ed.w(lane_of(spec.binding.kind))[spec.action_id]
     if spec.binding.kind == "env":
         env = ed.envs[spec.binding.name]
         ed.w("envs")[env.spec.env_id] = replace(env, busy_action=spec.action_id)
@@ -146,7 +146,9 @@ def evict_replica(ed: StateEditor, replica_id: str, reason: str, cause: str) -> 
 
 
 def reject(ed: StateEditor, action_id: str, reason: str, cause: str) -> RejectAction:
-    ed.w("queue").pop(action_id, None)
+    qa = ed.find_queued(action_id)
+    if qa is not None:
+        del ed.w(lane_of(qa.spec.binding.kind))[action_id]
     return RejectAction(action_id, reason, cause)
 
 

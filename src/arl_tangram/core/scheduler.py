@@ -26,7 +26,7 @@ from arl_tangram.core.events import (
     describe,
 )
 from arl_tangram.core.policies.base import Policy
-from arl_tangram.core.state import ClusterState, QueuedAction, StateEditor
+from arl_tangram.core.state import ClusterState, QueuedAction, StateEditor, lane_of
 from arl_tangram.core.topology import check_can_ever_fit
 
 
@@ -69,7 +69,7 @@ class Scheduler:
             if run is not None:
                 ed.touch(run.node_id)
         elif isinstance(event, ActionCancelled):
-            if event.action_id in ed.queue:
+            if ed.find_queued(event.action_id) is not None:
                 return [ledger.reject(ed, event.action_id, "cancelled by the client", cause)]
         elif isinstance(event, EnvRequested):
             if event.spec.env_id not in ed.envs:
@@ -94,7 +94,7 @@ class Scheduler:
 
     def _submit(self, ed: StateEditor, event: ActionSubmitted, cause: str) -> list[Decision]:
         spec = event.spec
-        if spec.action_id in ed.queue or spec.action_id in ed.running:
+        if ed.find_queued(spec.action_id) is not None or spec.action_id in ed.running:
             return [ledger.reject(ed, spec.action_id, "action_id: must be unique among live actions", cause)]
         try:
             check_can_ever_fit(spec, ed.spec)
@@ -102,12 +102,13 @@ class Scheduler:
             return [ledger.reject(ed, spec.action_id, str(exc), cause)]
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
-        ed.w("queue")[spec.action_id] = QueuedAction(spec, ed.now_s, ed.next_seq())
+        ed.w(lane_of(spec.binding.kind))[spec.action_id] = QueuedAction(spec, ed.now_s, ed.next_seq())
         ed.touch(ed.envs[spec.binding.name].node_id if spec.binding.kind == "env" else None)
         return []
 
     def _reject_bound(self, ed: StateEditor, kind: str, name: str, why: str, cause: str) -> list[Decision]:
-        doomed = [a for a, qa in ed.queue.items() if qa.spec.binding.kind == kind and qa.spec.binding.name == name]
+        lane = ed.queue_service if kind == "service" else ed.queue_api if kind == "api" else ed.queue_cpu
+        doomed = [a for a, qa in lane.items() if qa.spec.binding.kind == kind and qa.spec.binding.name == name]
         return [ledger.reject(ed, a, why, cause) for a in doomed]
 
     def _lose_node(self, ed: StateEditor, node_id: str, cause: str) -> list[Decision]:

@@ -77,7 +77,16 @@ class QuotaFree:
     refilled_s: float
 
 
-_TABLES = ("cpu", "gpu", "quota", "envs", "env_queue", "replicas", "queue", "running", "estimates")
+_TABLES = (
+    "cpu", "gpu", "quota", "envs", "env_queue", "replicas",
+    "queue_cpu", "queue_service", "queue_api", "running", "estimates",
+)
+
+
+def lane_of(binding_kind: str) -> str:
+    """The queue table an action waits in: one FCFS lane per kind of binding, so each
+    policy step walks only the actions it can place."""
+    return {"service": "queue_service", "api": "queue_api"}.get(binding_kind, "queue_cpu")
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,16 @@ class ClusterState:
     envs: Mapping[str, EnvState] = field(default_factory=dict)
     env_queue: Mapping[str, int] = field(default_factory=dict)  # envs awaiting placement -> seq (FCFS)
     replicas: Mapping[str, Replica] = field(default_factory=dict)
-    queue: Mapping[str, QueuedAction] = field(default_factory=dict)  # insertion order = FCFS
+    queue_cpu: Mapping[str, QueuedAction] = field(default_factory=dict)  # env / unbound; insertion order = FCFS
+    queue_service: Mapping[str, QueuedAction] = field(default_factory=dict)  # GPU service actions
+    queue_api: Mapping[str, QueuedAction] = field(default_factory=dict)  # API quota actions
     running: Mapping[str, Running] = field(default_factory=dict)
     estimates: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (n, mean T_ori)
+
+    def queued(self) -> dict[str, QueuedAction]:
+        """Every queued action, all lanes, in FCFS (sequence) order."""
+        merged = [*self.queue_cpu.values(), *self.queue_service.values(), *self.queue_api.values()]
+        return {qa.spec.action_id: qa for qa in sorted(merged, key=lambda qa: qa.seq)}
 
     @classmethod
     def initial(cls, spec: ClusterSpec) -> ClusterState:
@@ -137,6 +153,13 @@ class StateEditor:
             self._copied.add(name)
         table: dict[str, Any] = self._tables[name]
         return table
+
+    def find_queued(self, action_id: str) -> QueuedAction | None:
+        for lane in ("queue_cpu", "queue_service", "queue_api"):
+            qa = self._tables[lane].get(action_id)
+            if qa is not None:
+                return qa  # type: ignore[no-any-return]
+        return None
 
     def touch(self, node_id: str | None) -> None:
         self.touched.add("*" if node_id is None else node_id)

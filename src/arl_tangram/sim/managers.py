@@ -10,7 +10,14 @@ import random
 from collections import deque
 from collections.abc import Callable
 
-from arl_tangram.core.decisions import Decision, EvictService, LoadService, PlaceEnv, RejectAction, StartAction
+from arl_tangram.core.decisions import (
+    Decision,
+    EvictService,
+    LoadService,
+    PlaceEnv,
+    RejectAction,
+    StartAction,
+)
 from arl_tangram.core.events import ActionFinished, EnvReady, Event, ServiceReady
 from arl_tangram.core.resources import MILLICORES_PER_CORE
 from arl_tangram.core.topology import ClusterSpec

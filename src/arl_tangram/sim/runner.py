@@ -6,6 +6,7 @@ events due now, ``scheduler.step``, hand the decisions to the (simulated) manage
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,7 @@ class Simulation:
         self.state = boot.state
         self.managers.apply(boot.decisions, instant_loads=True)  # static deployments are up before the step
         for plan in self.workload.trajectories:
-            self.q.at(plan.start_s, lambda p=plan: self._start_trajectory(p))
+            self.q.at(plan.start_s, functools.partial(self._start_trajectory, plan))
         while self.q or self.pending:
             for callback in self.q.pop_due():
                 callback()

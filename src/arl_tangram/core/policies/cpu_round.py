@@ -62,9 +62,7 @@ def collect(
     free = {n: [f.free_millicores, f.free_mem_bytes] for n, f in ed.cpu.items()}
     reserved: set[str] = set()
     taken = scanned = 0
-    for qa in ed.queue.values():
-        if not is_cpu_action(qa):
-            continue
+    for qa in ed.queue_cpu.values():
         scanned += 1
         if scanned > scan_limit:
             break

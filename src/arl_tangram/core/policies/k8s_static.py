@@ -33,7 +33,7 @@ class K8sStaticPolicy(Policy):
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
         decisions = placement.place_spread(ed, cause, cores_held=self.pod_millicores)
         pod_cores = max(1, self.pod_millicores // MILLICORES_PER_CORE)
-        for qa in list(ed.queue.values()):
+        for qa in list(ed.queue_cpu.values()):
             spec = qa.spec
             if spec.binding.kind != "env":
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from arl_tangram.core import ledger
 from arl_tangram.core.decisions import Decision
+from arl_tangram.core.resources import ZERO
 from arl_tangram.core.state import StateEditor
 
 
@@ -16,8 +17,8 @@ def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float
     decisions: list[Decision] = []
     wake: float | None = None
     blocked: set[str] = set()
-    for qa in list(ed.queue.values()):
-        if qa.spec.binding.kind != "api" or qa.spec.binding.name in blocked:
+    for qa in list(ed.queue_api.values()):
+        if qa.spec.binding.name in blocked:
             continue
         provider = qa.spec.binding.name
         q = ed.refill_quota(provider)
@@ -37,8 +38,7 @@ def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float
 def schedule_unmanaged(ed: StateEditor, cause: str) -> list[Decision]:
     """Today's practice: each worker calls the provider at once; overload comes back as 429s."""
     decisions: list[Decision] = []
-    for qa in list(ed.queue.values()):
-        if qa.spec.binding.kind == "api":
-            grant = qa.spec.demand_fixed - qa.spec.demand_fixed  # holds nothing of the global pool
-            decisions.append(ledger.start_action(ed, qa, qa.spec.binding.name, qa.spec.dop_min, "unmanaged client call", cause, grant=grant))
+    for qa in list(ed.queue_api.values()):
+        # holds nothing of the global pool: no one is counting
+        decisions.append(ledger.start_action(ed, qa, qa.spec.binding.name, qa.spec.dop_min, "unmanaged client call", cause, grant=ZERO))
     return decisions

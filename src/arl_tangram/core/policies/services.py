@@ -9,6 +9,7 @@ bootstrap; its actions queue for them and nothing is shared.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 from arl_tangram.core import ledger
@@ -36,19 +37,22 @@ def _idle_replica(ed: StateEditor, service: str, lo: int, hi: int) -> Replica | 
 
 
 def _evictable_block(ed: StateEditor, size: int) -> tuple[str, int, list[Replica]] | None:
-    """An aligned block of ``size`` freed by evicting only idle, unpinned replicas (fewest, LRU first)."""
+    """An aligned block of ``size`` freed by evicting only idle, unpinned replicas.
+
+    Prefers the block that evicts the fewest devices, then the least recently used ones. A
+    larger replica spanning the block may be evicted whole.
+    """
     best: tuple[tuple[int, float], str, int, list[Replica]] | None = None
     for node in ed.spec.gpu_nodes:
         if node.node_id not in ed.gpu or size > node.devices:
             continue
+        on_node = [r for r in ed.replicas.values() if r.node_id == node.node_id]
         for offset in range(0, node.devices, size):
             mask = chunk_mask(offset, size)
-            inside = [r for r in ed.replicas.values() if r.node_id == node.node_id and chunk_mask(r.offset, r.size) & mask]
+            inside = [r for r in on_node if chunk_mask(r.offset, r.size) & mask]
             if any(r.busy_action is not None or r.pinned for r in inside):
                 continue
-            if any(chunk_mask(r.offset, r.size) & ~mask for r in inside):
-                continue  # a larger replica spans the block; evicting it is left to a larger request
-            key = (len(inside), max((r.last_used_s for r in inside), default=0.0))
+            key = (sum(r.size for r in inside), max((r.last_used_s for r in inside), default=0.0))
             if best is None or key < best[0]:
                 best = (key, node.node_id, offset, inside)
     return None if best is None else best[1:]
@@ -69,41 +73,74 @@ def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps
     """Start queued service actions FCFS (up to ``depth`` looked at) under Evict-on-Execution."""
     decisions: list[Decision] = []
     projected: dict[str, list[float]] = {}  # service -> projected free times of its busy replicas
-    waiting = [qa for qa in ed.queue.values() if qa.spec.binding.kind == "service"][:depth]
-    for qa in waiting:
+    no_room: set[int] = set()  # chunk sizes found impossible this round (allocations only shrink room)
+    share = _fair_share(ed)
+    for qa in list(itertools.islice(ed.queue_service.values(), depth)):
         name = qa.spec.binding.name
-        svc = ed.spec.services[name]
         lo, hi = _bounds(ed, qa)
-        t_ori = ledger.estimated_t_ori(ed, qa)
         rep = _idle_replica(ed, name, lo, hi)
         if rep is not None:
             decisions.append(ledger.start_action(ed, qa, rep.node_id, rep.size, "EoE: resident replica", cause, replica_id=rep.replica_id))
             continue
+        if all(s in no_room for s in (1, 2, 4, 8) if lo <= s <= hi):
+            continue
         frees = projected.setdefault(name, sorted(
             r.expected_end_s for r in ed.running.values() if r.replica_id and ed.replicas[r.replica_id].service == name
         ))
-        wait_s = (frees[0] - ed.now_s + qa.spec.duration_s(t_ori, lo)) if frees else float("inf")
-        started = False
-        for size in sorted({s for s in (1, 2, 4, 8) if lo <= s <= hi}, reverse=True):
-            load_s = swap_in_s(svc, size, host_to_device_gbps)
-            if load_s + qa.spec.duration_s(t_ori, size) >= wait_s:
-                continue  # a busy replica frees sooner than a new one could be restored
-            spot = _free_chunk(ed, size)
-            if spot is None:
-                block = _evictable_block(ed, size)
-                if block is None:
-                    continue
-                node_id, offset, victims = block
-                decisions.extend(ledger.evict_replica(ed, v.replica_id, "EoE: LRU idle, space needed", cause) for v in victims)
-                spot = (node_id, offset)
-            new, load = ledger.load_replica(ed, name, spot[0], spot[1], size, "EoE: swap in from host memory", cause)
-            decisions.append(load)
-            decisions.append(ledger.start_action(ed, qa, new.node_id, size, "EoE: on a restored replica", cause, replica_id=new.replica_id, extra_delay_s=load_s))
-            started = True
-            break
-        if not started and frees:
+        if not _restore(ed, qa, frees, no_room, share, host_to_device_gbps, cause, decisions) and frees:
             frees.pop(0)  # this action is projected onto the earliest busy replica
     return decisions
+
+
+def _restore(
+    ed: StateEditor,
+    qa: QueuedAction,
+    frees: list[float],
+    no_room: set[int],
+    share: int,
+    host_to_device_gbps: float,
+    cause: str,
+    decisions: list[Decision],
+) -> bool:
+    """Restore a new replica for ``qa`` if that beats waiting for a busy one; True if started.
+
+    Tries chunk sizes from ``min(hi, share)`` down: with a backlog, small replicas serve
+    more requests per device (parallel efficiency < 1), and with none, the largest size
+    gives the lowest latency. A size needs a free aligned chunk or one made by evicting
+    least-recently-used idle replicas.
+    """
+    name = qa.spec.binding.name
+    svc = ed.spec.services[name]
+    lo, hi = _bounds(ed, qa)
+    t_ori = ledger.estimated_t_ori(ed, qa)
+    wait_s = (frees[0] - ed.now_s + qa.spec.duration_s(t_ori, lo)) if frees else float("inf")
+    sizes = {s for s in (1, 2, 4, 8) if lo <= s <= min(hi, max(lo, share))} - no_room
+    for size in sorted(sizes, reverse=True):
+        load_s = swap_in_s(svc, size, host_to_device_gbps)
+        if load_s + qa.spec.duration_s(t_ori, size) >= wait_s:
+            continue  # a busy replica frees sooner than a new one could be restored
+        spot = _free_chunk(ed, size)
+        if spot is None:
+            block = _evictable_block(ed, size)
+            if block is None:
+                no_room.add(size)
+                continue
+            node_id, offset, victims = block
+            decisions.extend(ledger.evict_replica(ed, v.replica_id, "EoE: LRU idle, space needed", cause) for v in victims)
+            spot = (node_id, offset)
+        new, load = ledger.load_replica(ed, name, spot[0], spot[1], size, "EoE: swap in from host memory", cause)
+        decisions.append(load)
+        decisions.append(ledger.start_action(ed, qa, new.node_id, size, "EoE: on a restored replica", cause, replica_id=new.replica_id, extra_delay_s=load_s))
+        return True
+    return False
+
+
+def _fair_share(ed: StateEditor) -> int:
+    """Devices per waiting service action if the free and evictable ones were split evenly."""
+    available = sum(node.devices - bin(ed.gpu.get(node.node_id, 0)).count("1") for node in ed.spec.gpu_nodes)
+    available += sum(r.size for r in ed.replicas.values() if r.busy_action is None and not r.pinned)
+    share = max(1, available // max(1, len(ed.queue_service)))
+    return 1 << (share.bit_length() - 1)
 
 
 def bootstrap_static(ed: StateEditor, deployments: Mapping[str, tuple[int, int]]) -> list[Decision]:
@@ -123,13 +160,7 @@ def bootstrap_static(ed: StateEditor, deployments: Mapping[str, tuple[int, int]]
 def schedule_static(ed: StateEditor, cause: str, depth: int) -> list[Decision]:
     """FCFS per service onto its own idle pinned replicas; nothing is borrowed across services."""
     decisions: list[Decision] = []
-    looked = 0
-    for qa in list(ed.queue.values()):
-        if qa.spec.binding.kind != "service":
-            continue
-        looked += 1
-        if looked > depth:
-            break
+    for qa in list(itertools.islice(ed.queue_service.values(), depth)):
         lo, hi = _bounds(ed, qa)
         rep = _idle_replica(ed, qa.spec.binding.name, 1, 8)
         if rep is not None and rep.ready:

@@ -30,7 +30,7 @@ class DeepSearchParams:
     search_latency_s: float = 1.0  # assumption: a web search call's service time
     provider_rate_per_s: float = 200.0  # assumption: the provider key's limit (PAPER: limits far below batch × group size)
     provider_concurrency: int = 400  # assumption
-    judge_t_ori_s: float = 1.6  # assumption: judge scoring on one GPU; ~0.5 s on 4
+    judge_t_ori_s: float = 0.8  # assumption: judge scoring (prefill-heavy, short output) on one GPU; ~0.3 s on 4
     judge_weight_bytes: int = 120 * GB  # assumption: GPT-OSS-120B class judge, bf16-ish
     judge_replicas: int = 2  # assumption: the static judge deployment, replicas × devices
     judge_devices: int = 4

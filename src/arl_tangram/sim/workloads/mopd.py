@@ -28,8 +28,8 @@ class MopdParams:
     zipf_s: float = 1.2  # assumption: teacher popularity ~ Zipf (PAPER: called very unevenly)
     calls_min: int = 1  # assumption: log-prob calls (chunks) per trajectory
     calls_max: int = 4
-    gen_mean_s: float = 30.0  # assumption: student generation before the first chunk is scored
-    gen_chunk_s: float = 3.0  # assumption: generation between later chunks
+    gen_mean_s: float = 600.0  # assumption: long-CoT student generation (tens of thousands of tokens at ~50-100 tok/s) before the first chunk is scored
+    gen_chunk_s: float = 60.0  # assumption: generation between later chunks
     think_sigma: float = 0.8  # assumption
     logprob_s_at_4: float = 0.6  # PAPER: ~0.6 s teacher log-probs at the deployed size
     teacher_weight_bytes: int = 16 * GB  # assumption: 8B-class teacher in bf16
