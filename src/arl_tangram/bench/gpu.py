@@ -9,7 +9,8 @@ Measures, on CUDA when torch sees it and on a CPU device with a memory budget ot
   the page cache first), weights materialised on the device (``from_pretrained`` + ``.to``);
 - ``fragmentation_largest_free_ratio``: largest free buddy block / total free on the real
   allocator during load/evict churn with realistic model sizes (80 GiB device, 2 MiB blocks);
-  ``fragmentation.largest_free_extent_ratio`` counts adjacent free blocks as one hole;
+  ``fragmentation.largest_free_extent_ratio`` counts adjacent free blocks as one hole; the
+  churn places like the manager (relocate idle blocks before evicting; per compaction mode);
 - ``mopd``: 9 generated teachers under a skewed trace; static = every teacher resident in its
   own memory (never swaps), tangram = one budget that holds 3 teachers, with EoE.
 Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
@@ -37,7 +38,10 @@ ASSUMPTIONS = {
     "cold_load": "the model's files are dropped from the page cache (posix_fadvise DONTNEED) before "
     "each timed load; cold_load_page_cache_s is the same load with the files cached",
     "fragmentation": "bf16 Qwen2.5-shaped models 0.5B-14B plus MiniLM-sized rewards on an 80 GiB "
-    "arena with 2 MiB blocks; Zipf(1.1) popularity, LRU eviction; mean over churn steps",
+    "arena with 2 MiB blocks; Zipf(1.1) popularity, LRU eviction; mean over churn steps. "
+    "Headline = compaction 'eager' (the manager's default on CUDA); per-mode figures in "
+    "fragmentation.modes. A buddy block is a power of two, so largest block / free can never "
+    "exceed largest power of two <= free / free (largest_free_block_ratio_bound)",
 }
 
 # (hidden, layers, intermediate, vocab) of Qwen2.5 0.5B, 1.5B, 3B, 7B, 14B; plus a 22M encoder.
@@ -217,38 +221,91 @@ def _realistic_block_sizes(min_block_bytes: int) -> list[list[int]]:
     return plans
 
 
-def measure_fragmentation(args: argparse.Namespace) -> dict[str, float]:
-    """Churn on the real allocator: Zipf-popular services come and go under LRU eviction."""
+def _churn(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """Zipf-popular services come and go on the real allocator, placed like ``GpuManager``
+    places them: on a miss, relocate (``plan_room``) before evicting LRU; "eager" also
+    compacts fully after each eviction; "off" only evicts."""
     from arl_tangram.managers.gpu.buddy import BuddyModel
+    from arl_tangram.managers.gpu.compaction import final_blocks, plan_compaction, plan_room
 
-    min_block = 2 << 20
-    allocator = BuddyModel(80 << 30, min_block)
-    rng = random.Random(args.seed)
-    plans = _realistic_block_sizes(min_block)
+    allocator, rng = BuddyModel(80 << 30, 2 << 20), random.Random(args.seed)
+    plans = _realistic_block_sizes(2 << 20)
     services = [rng.choice(plans) for _ in range(24)]
     weights = [1 / (rank + 1) ** 1.1 for rank in range(len(services))]
-    resident: dict[int, list[Any]] = {}
-    last_used: dict[int, int] = {}
-    block_ratios, extent_ratios = [], []
+    resident: dict[str, list[Any]] = {}
+    last_used: dict[str, int] = {}
+    moves: list[Any] = []
+    ratios: dict[str, list[float]] = {"block": [], "extent": [], "bound": []}
+    num_evictions = 0
     for step in range(args.churn_steps):
         choice = rng.choices(range(len(services)), weights)[0]
-        last_used[choice] = step
-        while choice not in resident:
+        name = f"s{choice:02d}"
+        last_used[name] = step
+        while name not in resident:
+            room = [] if mode == "off" else plan_room(allocator, resident, services[choice])
+            resident.update(final_blocks(resident, room or []))
+            moves += room or []
             blocks = allocator.allocate_all(services[choice])
             if blocks is not None:
-                resident[choice] = blocks
+                resident[name] = blocks
                 break
-            victim = min((s for s in resident if s != choice), key=lambda s: last_used[s])
+            victim = min((s for s in resident if s != name), key=lambda s: last_used[s])
             allocator.free_all(resident.pop(victim))
-        if step >= args.churn_steps // 10 and allocator.free_bytes:
-            block_ratios.append(allocator.largest_free_block_bytes() / allocator.free_bytes)
-            extent_ratios.append(allocator.largest_free_extent_bytes() / allocator.free_bytes)
+            num_evictions += 1
+            if mode == "eager":
+                compaction = plan_compaction(allocator, resident)
+                resident.update(final_blocks(resident, compaction))
+                moves += compaction
+        free = allocator.free_bytes
+        if step >= args.churn_steps // 10 and free:
+            ratios["block"].append(allocator.largest_free_block_bytes() / free)
+            ratios["extent"].append(allocator.largest_free_extent_bytes() / free)
+            ratios["bound"].append((1 << (free.bit_length() - 1)) / free)  # best any buddy can do
     allocator.check_invariants()
     return {
-        "largest_free_block_ratio": statistics.fmean(block_ratios),
-        "largest_free_extent_ratio": statistics.fmean(extent_ratios),
-        "num_samples": len(block_ratios),
+        "largest_free_block_ratio": statistics.fmean(ratios["block"]),
+        "largest_free_extent_ratio": statistics.fmean(ratios["extent"]),
+        "largest_free_block_ratio_bound": statistics.fmean(ratios["bound"]),
+        "num_samples": len(ratios["block"]),
+        "num_evictions": num_evictions,
+        "num_relocations": len(moves),
+        "relocated_bytes": sum(m.source.size_bytes for m in moves),
     }
+
+
+def _relocate_bps(args: argparse.Namespace, nbytes: int) -> float:
+    """Bytes/s of ``DeviceArena.copy_within`` (the relocation copy) for one ``nbytes`` block."""
+    from arl_tangram.managers.gpu.arena import DeviceArena
+
+    arena = DeviceArena(_device_spec(args, "dev0", 2 * nbytes), 2 << 20)
+
+    def relocate() -> float:
+        started = time.perf_counter()
+        arena.copy_within([(nbytes, 0, nbytes)])
+        return time.perf_counter() - started
+
+    seconds = _median_s(args.repeats, relocate)
+    arena.close()
+    return nbytes / seconds
+
+
+def measure_fragmentation(args: argparse.Namespace) -> dict[str, Any]:
+    """Churn under each compaction mode; the headline is the manager's default on CUDA.
+
+    Relocation seconds are modelled: bytes moved / the measured ``copy_within`` rate.
+    """
+    from arl_tangram.managers.gpu.manager import COMPACTION_MODES
+
+    modes = {mode: _churn(args, mode) for mode in COMPACTION_MODES}
+    bps = _relocate_bps(args, int(args.model_mb * 1e6) // (2 << 20) * (2 << 20) or 2 << 20)
+    for figures in modes.values():
+        figures["relocation_s"] = figures["relocated_bytes"] / bps
+    out = dict(modes["eager"])
+    out.update(compaction="eager", relocate_gbps=bps / 1e9, modes=modes)
+    _log(
+        f"fragmentation: {json.dumps({m: round(f['largest_free_block_ratio'], 3) for m, f in modes.items()})}"
+    )
+    return out
 
 
 def _trace(args: argparse.Namespace, num_teachers: int) -> list[tuple[int, list[int]]]:

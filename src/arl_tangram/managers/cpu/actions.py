@@ -13,8 +13,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from arl_tangram.managers.cpu import reaper
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
-from arl_tangram.managers.cpu.launch import HOST_ENV, LAUNCH_FAILED_RC, LAUNCH_MARK, join_then_exec, nsenter_argv
+from arl_tangram.managers.cpu.cgroup_null import kill_tree
+from arl_tangram.managers.cpu.launch import (
+    HOST_ENV,
+    LAUNCH_FAILED_RC,
+    LAUNCH_MARK,
+    join_then_exec,
+    native_argv,
+    nsenter_argv,
+)
+from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.proc_io import pump
 from arl_tangram.managers.cpu.results import ExecResult, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
@@ -34,11 +44,21 @@ class ActionRequest:
 
 def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool) -> subprocess.Popen[bytes]:
     """Start ``argv`` inside the sandbox, its process already in ``slot``'s cgroups."""
-    full = join_then_exec(sandbox.slot_join_files(slot), nsenter_argv(sandbox.init_pid, sandbox.layout, cwd, env, argv))
-    return subprocess.Popen(
+    join = sandbox.slot_join_files(slot)
+    launcher = launcher_path()
+    if launcher is not None:
+        full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv)
+    else:
+        full = join_then_exec(join, nsenter_argv(sandbox.init_pid, sandbox.layout, cwd, env, argv))
+    return reaper.spawn(
         full, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=HOST_ENV,
     )  # fmt: skip
+
+
+def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, launcher_pid: int) -> None:
+    driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included
+    kill_tree(launcher_pid)  # what a cgroup-less (unisolated) run can still find
 
 
 def run_action(
@@ -53,9 +73,10 @@ def run_action(
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes,
-        cancel=cancel, on_stop=lambda: driver.kill_slot(sandbox.group, slot),
+        cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc.pid),
     )  # fmt: skip
     wall_s = time.perf_counter() - t0
+    reaper.release(proc)
     error = None
     if res.returncode == LAUNCH_FAILED_RC and bytes(res.stderr.data).startswith(LAUNCH_MARK):
         error = "launcher failed: " + bytes(res.stderr.data).decode(errors="replace").strip()

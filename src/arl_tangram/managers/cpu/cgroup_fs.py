@@ -12,8 +12,8 @@ import time
 
 
 def write_text(path: str, value: str) -> None:
-    """Write ``value`` with one ``write(2)``, as cgroupfs requires (no buffering, no truncate)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """Write ``value`` with one ``write(2)``, as cgroupfs requires (no buffering; O_TRUNC is a no-op on cgroupfs and keeps fake trees exact)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, value.encode())
     finally:

@@ -9,13 +9,26 @@ pids of a slot's tasks are those of the sandbox group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
 
-from arl_tangram.managers.cpu.cgroup_driver import CPU_PERIOD_US, CPU_QUOTA_MIN_US, INIT_SLOT, format_cpus
-from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_pids, read_text, rmdir_retry, write_text
+from arl_tangram.managers.cpu.cgroup_driver import (
+    CPU_PERIOD_US,
+    CPU_QUOTA_MIN_US,
+    INIT_SLOT,
+    format_cpus,
+)
+from arl_tangram.managers.cpu.cgroup_fs import (
+    read_int,
+    read_keyed,
+    read_pids,
+    read_text,
+    rmdir_retry,
+    write_text,
+)
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
@@ -109,10 +122,13 @@ class CgroupV1Driver:
         return tuple(files)
 
     # -- limits and grants --------------------------------------------------------------
-    def set_grant(self, sandbox: str, cpus: Sequence[int], quota_us: int) -> None:
-        """Point the sandbox at ``cpus`` with ``quota_us`` per period (-1: unlimited)."""
-        write_text(self._path("cpuset", sandbox, "cpuset.cpus"), format_cpus(cpus))
-        write_text(self._path("cpu", sandbox, "cpu.cfs_quota_us"), str(max(quota_us, CPU_QUOTA_MIN_US) if quota_us >= 0 else -1))
+    def set_grant(self, sandbox: str, cpus: Sequence[int] | None, quota_us: int | None) -> None:
+        """Point the sandbox at ``cpus`` with ``quota_us`` per period (-1: unlimited);
+        ``None`` leaves that setting alone."""
+        if cpus is not None:
+            write_text(self._path("cpuset", sandbox, "cpuset.cpus"), format_cpus(cpus))
+        if quota_us is not None:
+            write_text(self._path("cpu", sandbox, "cpu.cfs_quota_us"), str(max(quota_us, CPU_QUOTA_MIN_US) if quota_us >= 0 else -1))
 
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path("memory", sandbox, "memory.limit_in_bytes"), str(mem_bytes))
@@ -160,10 +176,8 @@ class CgroupV1Driver:
         while True:
             tids = self._tids(base)
             for tid in tids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(tid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             write_text(state, "THAWED")
             if not tids or time.monotonic() > deadline:
                 return
@@ -188,5 +202,10 @@ class CgroupV1Driver:
         return read_int(self._path("cpuacct", sandbox, "cpuacct.usage"))
 
     def oom_kills(self, sandbox: str) -> int:
-        """OOM kills charged to the sandbox's memory limit (``memory.oom_control: oom_kill``)."""
-        return read_keyed(self._path("memory", sandbox, "memory.oom_control")).get("oom_kill", 0)
+        """OOM kills in the sandbox. v1 counts a kill in the victim's own group
+        (``memory.oom_control: oom_kill``), so the sandbox's and its slots' counts add up."""
+        base = self._path("memory", sandbox)
+        dirs = [base]
+        with contextlib.suppress(FileNotFoundError):
+            dirs += [e.path for e in os.scandir(base) if e.is_dir()]
+        return sum(read_keyed(os.path.join(d, "memory.oom_control")).get("oom_kill", 0) for d in dirs)

@@ -14,8 +14,20 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from arl_tangram.managers.cpu.cgroup_driver import CPU_PERIOD_US, CPU_QUOTA_MIN_US, INIT_SLOT, format_cpus
-from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_pids, read_text, rmdir_retry, write_text
+from arl_tangram.managers.cpu.cgroup_driver import (
+    CPU_PERIOD_US,
+    CPU_QUOTA_MIN_US,
+    INIT_SLOT,
+    format_cpus,
+)
+from arl_tangram.managers.cpu.cgroup_fs import (
+    read_int,
+    read_keyed,
+    read_pids,
+    read_text,
+    rmdir_retry,
+    write_text,
+)
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
 
 V2_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
@@ -96,10 +108,13 @@ class CgroupV2Driver:
         return (self._path(sandbox, slot, "cgroup.procs"),)
 
     # -- limits and grants --------------------------------------------------------------
-    def set_grant(self, sandbox: str, cpus: Sequence[int], quota_us: int) -> None:
-        write_text(self._path(sandbox, "cpuset.cpus"), format_cpus(cpus))
-        quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
-        write_text(self._path(sandbox, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+    def set_grant(self, sandbox: str, cpus: Sequence[int] | None, quota_us: int | None) -> None:
+        """As in v1: ``None`` leaves that setting alone."""
+        if cpus is not None:
+            write_text(self._path(sandbox, "cpuset.cpus"), format_cpus(cpus))
+        if quota_us is not None:
+            quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
+            write_text(self._path(sandbox, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
 
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path(sandbox, "memory.max"), str(mem_bytes))

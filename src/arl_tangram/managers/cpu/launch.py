@@ -82,3 +82,14 @@ def nsenter_argv(init_pid: int, layout: SandboxLayout, cwd: str, env: Mapping[st
         "-S", str(layout.sandbox_uid), "-G", str(layout.sandbox_gid), "-W", cwd, "--",
         "/usr/bin/env", "-i", *pairs, *argv,
     ]  # fmt: skip
+
+
+def native_argv(
+    launcher: str, join_files: Sequence[str], init_pid: int, layout: SandboxLayout, cwd: str, env: Mapping[str, str], argv: Sequence[str]
+) -> list[str]:
+    """The same as ``join_then_exec(join_files, nsenter_argv(...))`` in one native exec."""
+    pairs = [f"{k}={v}" for k, v in sorted(env.items())]
+    return [
+        launcher, str(len(join_files)), *join_files, str(init_pid), str(layout.sandbox_uid),
+        str(layout.sandbox_gid), cwd, str(len(pairs)), *pairs, "--", *argv,
+    ]  # fmt: skip

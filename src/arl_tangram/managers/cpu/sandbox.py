@@ -17,8 +17,19 @@ import subprocess
 import threading
 import time
 
-from arl_tangram.managers.cpu.cgroup_driver import CPU_PERIOD_US, CPU_QUOTA_MIN_US, INIT_SLOT, CgroupDriver
-from arl_tangram.managers.cpu.errors import CpuManagerError, InvalidTransitionError, SandboxDeadError
+from arl_tangram.managers.cpu import reaper
+from arl_tangram.managers.cpu.cgroup_driver import (
+    CPU_PERIOD_US,
+    CPU_QUOTA_MIN_US,
+    INIT_SLOT,
+    CgroupDriver,
+)
+from arl_tangram.managers.cpu.cgroup_null import kill_tree
+from arl_tangram.managers.cpu.errors import (
+    CpuManagerError,
+    InvalidTransitionError,
+    SandboxDeadError,
+)
 from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
 
 INIT_ARGV = ("/usr/bin/sleep", "infinity")
@@ -65,6 +76,7 @@ class Sandbox:
         self._all_cpus = all_cpus
         self._proc: subprocess.Popen[bytes] | None = None
         self._grants: list[tuple[tuple[int, ...], int]] = []
+        self._applied: tuple[tuple[int, ...], int] | None = None  # (cpuset, quota) in the cgroup
         self._slots: dict[str, bool] = {}  # slot name -> in use by a running action
         self._next_slot = 0
 
@@ -78,11 +90,11 @@ class Sandbox:
     def start(self, mem_bytes: int, pids_max: int) -> None:
         """Create the cgroups, start the init in them, wait until its mounts are ready, freeze."""
         self._driver.create_sandbox(self.group, mem_bytes, pids_max, self._all_cpus)
-        self._driver.set_grant(self.group, self._all_cpus, -1)
+        self._set(self._all_cpus, -1)
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             argv = join_then_exec(self._driver.join_files(self.group, INIT_SLOT), bwrap_argv(self.layout, w, INIT_ARGV))
-            self._proc = subprocess.Popen(
+            self._proc = reaper.spawn(
                 argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, env=HOST_ENV,
             )  # fmt: skip
@@ -164,12 +176,40 @@ class Sandbox:
         if self.state is SandboxState.DESTROYED:
             return
         self._driver.kill_sandbox(self.group)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5.0)
+        proc = self._proc
+        if self._driver.version == 0 and proc is not None and proc.poll() is None:
+            kill_tree(proc.pid)  # no cgroup to kill through (unisolated mode)
+            if self.init_pid > 0:
+                kill_tree(self.init_pid)
+        if proc is not None:
+            # the pid-1 finishes exiting only once the zombies of its namespace that we
+            # adopted (e.g. a killed session's shell) are reaped
+            deadline = time.monotonic() + 5.0
+            while proc.poll() is None and time.monotonic() < deadline:
+                reaper.reap_orphans()
+                time.sleep(0.001)
+            reaper.release(proc)
+        self._reap_init()
         self._driver.remove_sandbox(self.group)
         self._grants.clear()
         self._move(SandboxState.DESTROYED)
+
+    def _reap_init(self) -> None:
+        """The init was adopted by us (the subreaper) when its bwrap monitor died: reap it."""
+        deadline = time.monotonic() + 2.0
+        while self.init_pid > 0 and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.init_pid}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                return
+            if int(fields[1]) != os.getpid():
+                return  # not (or no longer) ours: its parent reaps it
+            if fields[0] == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(self.init_pid, os.WNOHANG)
+                return
+            time.sleep(0.005)
 
     # -- Allocate-on-Execution ----------------------------------------------------------------
     def grant(self, cpus: tuple[int, ...], cores: int) -> None:
@@ -195,13 +235,20 @@ class Sandbox:
             self._move(SandboxState.IDLE)
 
     def reclaim_all(self) -> None:
-        self._driver.set_grant(self.group, self._all_cpus[:1], CPU_QUOTA_MIN_US)
+        """Minimum quota and frozen; the cpuset is left as it was (frozen tasks use none)."""
+        cpus = self._applied[0] if self._applied else self._all_cpus
+        self._set(cpus, CPU_QUOTA_MIN_US)
         self._driver.freeze(self.group)
 
     def _apply(self) -> None:
-        cpus = sorted({c for g, _ in self._grants for c in g})
-        cores = sum(n for _, n in self._grants)
-        self._driver.set_grant(self.group, cpus, cores * CPU_PERIOD_US)
+        cpus = tuple(sorted({c for g, _ in self._grants for c in g}))
+        self._set(cpus, sum(n for _, n in self._grants) * CPU_PERIOD_US)
+
+    def _set(self, cpus: tuple[int, ...], quota_us: int) -> None:
+        """Write only what changed: each cgroup write costs tens of microseconds."""
+        old_cpus, old_quota = self._applied or ((), -2)
+        self._driver.set_grant(self.group, cpus if cpus != old_cpus else None, quota_us if quota_us != old_quota else None)
+        self._applied = (cpus, quota_us)
 
     @property
     def granted_cores(self) -> int:

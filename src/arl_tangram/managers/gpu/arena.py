@@ -3,7 +3,8 @@
 The arena is a single ``uint8`` tensor of the device's budget, allocated once (CUDA:
 ``torch.empty`` on the GPU; CPU: host memory, touched once so its pages are really committed
 and the first swap-in does not pay page faults). ``BuddyModel`` decides offsets; this module
-only turns ``(offset, dtype, shape)`` into views, and copies bytes in and out.
+only turns ``(offset, dtype, shape)`` into views, and copies bytes in (host -> arena) and
+within (arena -> arena, for compaction).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class DeviceArena:
         if spec.kind == "cpu":
             self.buffer.zero_()  # commit the pages now, not during the first swap-in
         self.copy_stream: Any = torch.cuda.Stream(self.device) if spec.kind == "cuda" else None
+        # Compaction counters (reported by ``GpuManager.status``).
+        self.num_relocations = 0
+        self.relocated_bytes = 0
+        self.relocation_s = 0.0
 
     @property
     def is_cuda(self) -> bool:
@@ -64,6 +69,26 @@ class DeviceArena:
         with torch.cuda.stream(self.copy_stream):
             for offset, source in copies:
                 self.bytes_view(offset, source.numel()).copy_(source, non_blocking=True)
+        self.copy_stream.synchronize()
+
+    def copy_within(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy ``(source_offset, target_offset, nbytes)`` inside the arena, in list order.
+
+        Order matters: a later target may overwrite an earlier source (compaction plans are
+        built that way), so on CUDA all copies go on the one copy stream, after the work
+        queued on the compute stream, and the call returns when they are done.
+        """
+        if self.copy_stream is None:
+            for source, target, nbytes in copies:
+                self.bytes_view(target, nbytes).copy_(self.bytes_view(source, nbytes))
+            return
+        compute = torch.cuda.current_stream(self.device)
+        self.copy_stream.wait_stream(compute)
+        with torch.cuda.stream(self.copy_stream):
+            for source, target, nbytes in copies:
+                self.bytes_view(target, nbytes).copy_(
+                    self.bytes_view(source, nbytes), non_blocking=True
+                )
         self.copy_stream.synchronize()
 
     def synchronize(self) -> None:

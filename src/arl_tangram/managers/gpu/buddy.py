@@ -15,6 +15,7 @@ Not thread-safe: the owner (the manager) serialises calls under its lock.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -127,7 +128,27 @@ class BuddyModel:
         found = next((k for k in range(order, self.max_order + 1) if self._free[k]), None)
         if found is None:
             return None
-        offset = min(self._free[found])
+        return self._take(min(self._free[found]), found, order)
+
+    def allocate_below(self, size_bytes: int, limit_offset_bytes: int) -> Block | None:
+        """Like ``allocate`` but only from free blocks of the root holding ``limit_offset_bytes``
+        that start below it.
+
+        Compaction's primitive: called with the offset of an allocated block, the result lies
+        wholly below that block (free and allocated blocks never overlap). Staying inside the
+        root keeps a block that fills a small tail root from splitting a big one. Best fit,
+        then lowest address; ``None`` when no such free block is large enough.
+        """
+        order = self._order(self.block_size_for(size_bytes))
+        floor = max(r.offset_bytes for r in self.roots if r.offset_bytes <= limit_offset_bytes)
+        for found in range(order, self.max_order + 1):
+            below = [off for off in self._free[found] if floor <= off < limit_offset_bytes]
+            if below:
+                return self._take(min(below), found, order)
+        return None
+
+    def _take(self, offset: int, found: int, order: int) -> Block:
+        """Remove free block ``(offset, found)``, split it down to ``order``, allocate the lowest part."""
         self._free[found].remove(offset)
         while found > order:  # split, keeping the lower half; the upper half becomes free
             found -= 1
@@ -135,6 +156,13 @@ class BuddyModel:
         self._allocated[offset] = order
         self._free_bytes -= self.min_block_bytes << order
         return self._block(offset, order)
+
+    def clone(self) -> BuddyModel:
+        """An independent copy of the accounting (dry runs: "would compaction make room?")."""
+        twin = copy.copy(self)
+        twin._free = [set(offsets) for offsets in self._free]
+        twin._allocated = dict(self._allocated)
+        return twin
 
     def allocate_all(self, sizes_bytes: Sequence[int]) -> list[Block] | None:
         """Atomically take one block per size (largest first); all or nothing.

@@ -4,7 +4,8 @@ Who calls: the node agent (later) and benchmarks/tests directly. Services are re
 once (built on the host, weights kept in a host backup, rejected at once if they could never
 fit); ``call`` validates a request, batches it with concurrent requests to the same service,
 and runs the batch in a worker thread: the service is swapped in if it is not resident
-(evicting least-recently-used unpinned services when its blocks do not fit), pinned while
+(relocating idle services inside the arena, then evicting least-recently-used unpinned
+services, when its blocks do not fit), pinned while
 it runs, and stays resident afterwards until space is needed.
 
 Thread-safety: one condition variable guards all accounting; forward passes run outside
@@ -48,6 +49,7 @@ from arl_tangram.managers.gpu.status import (
 )
 
 Factory = Callable[[], "torch.nn.Module | LoadedModel"]
+COMPACTION_MODES = ("off", "on_demand", "eager")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ class GpuManagerConfig:
     num_workers: int | None = None  # forward-pass threads: one per CUDA device, else 1
     acquire_timeout_s: float = 60.0  # wait for pinned services to finish before DeviceBusyError
     torch_num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # Relocating idle services inside an arena (``compaction.py``): "off"; "on_demand" = when
+    # a service does not fit, relocate (fewest moves) before evicting anything; "eager" =
+    # on_demand plus a full compaction of the devices an eviction freed. None: "eager" on
+    # CUDA (an on-device copy is far cheaper than the host -> device swap-in it saves),
+    # "on_demand" on CPU devices (there both copies run at memory bandwidth).
+    compaction: str | None = None
 
 
 class GpuManager:
@@ -78,6 +86,11 @@ class GpuManager:
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
         min_block = self.config.min_block_bytes or ((2 << 20) if on_cuda else (64 << 10))
+        self.compaction = self.config.compaction or ("eager" if on_cuda else "on_demand")
+        if self.compaction not in COMPACTION_MODES:
+            raise ValueError(
+                f"compaction must be one of {COMPACTION_MODES}, got {self.compaction!r}"
+            )
         self._residency = Residency(self.devices, min_block)
         self._services: dict[str, ModelService] = {}
         self._cond = threading.Condition()
@@ -260,16 +273,20 @@ class GpuManager:
                     raise ServiceFailedError(service.name, service.error or "unknown")
                 if service.state is ServiceState.RESIDENT:
                     break
+                resident = self._resident()
                 placement = self._residency.try_place(service)
+                relocate = placement is None and self.compaction != "off"
+                if relocate and self._residency.make_room(service, resident):  # before evicting
+                    placement = self._residency.try_place(service)
                 if placement is not None:
                     self._residency.swap_in(service, placement)
                     break
-                resident = [s for s in self._services.values() if s.state is ServiceState.RESIDENT]
-                victim = self._residency.pick_victim(
-                    service, sorted(resident, key=lambda s: s.name)
-                )
+                victim = self._residency.pick_victim(service, resident)
                 if victim is not None:
+                    devices = [device for device, _ in victim.placement or []]
                     self._residency.evict(victim)
+                    if self.compaction == "eager":
+                        self._residency.compact(devices, self._resident())
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._cond.wait(remaining):
@@ -280,7 +297,20 @@ class GpuManager:
             service.in_use += 1
             self._residency.touch(service)
 
+    def _resident(self) -> list[ModelService]:
+        """Resident services sorted by name (determinism). Call with the lock held."""
+        return sorted(
+            (s for s in self._services.values() if s.state is ServiceState.RESIDENT),
+            key=lambda s: s.name,
+        )
+
     # -- operations ----------------------------------------------------------------------
+    def compact(self) -> None:
+        """Fully compact every device now (idle services only; in-use ones are not moved)."""
+        with self._cond:
+            self._check_open()
+            self._residency.compact(range(len(self._residency.arenas)), self._resident())
+
     def prefetch(self, name: str) -> float:
         """Make ``name`` resident now (evicting as needed); returns the swap-in seconds (0 if resident)."""
         service = self._get(name)

@@ -4,6 +4,11 @@
 and devices. Every method must be called with the manager's lock held; the copies of a
 swap-in run under that lock too, which serialises swap-ins (simple and safe: a service is
 never observed half-copied) while forward passes of resident services go on in parallel.
+
+Compaction (``make_room``, ``compact``) relocates blocks of idle resident services inside
+their arena (plans from ``compaction.py``). A service in use is never moved: its blocks are
+obstacles. If a relocation's copy raises, every service it touched is evicted (its host
+backup is intact), so no service is ever left pointing at half-moved bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ from collections.abc import Sequence
 from arl_tangram.managers.gpu.arena import DeviceArena
 from arl_tangram.managers.gpu.buddy import Block, BuddyModel
 from arl_tangram.managers.gpu.chunks import ChunkModel
+from arl_tangram.managers.gpu.compaction import (
+    Move,
+    apply_moves,
+    final_blocks,
+    plan_compaction,
+    plan_room,
+)
 from arl_tangram.managers.gpu.devices import DeviceSpec
 from arl_tangram.managers.gpu.errors import NeverFitsError
 from arl_tangram.managers.gpu.service import ModelService, ServiceState
@@ -116,6 +128,78 @@ class Residency:
             and any(device in usable for device, _ in other.placement)
         ]
         return min(candidates, key=lambda s: s.last_used_seq, default=None)
+
+    def make_room(self, service: ModelService, resident: Sequence[ModelService]) -> bool:
+        """Relocate idle blocks (fewest moves of the plan) so ``service`` fits; whether it did.
+
+        Tries chunks in ``try_place``'s order and relocates on the first whose every device
+        can be made to fit its shard; moves nothing and returns ``False`` when none can.
+        """
+        for start in self.chunks.ranked_chunks(service.num_devices):
+            plans: list[tuple[int, dict[str, list[Block]], list[Move]]] = []
+            for i, shard in enumerate(service.shards):
+                movable = self._movable(start + i, resident, service)
+                allocator = self.arenas[start + i].allocator.clone()
+                moves = plan_room(allocator, movable, shard.layout.block_sizes_bytes)
+                if moves is None:
+                    break
+                plans.append((start + i, movable, moves))
+            else:
+                for device, movable, moves in plans:
+                    self._relocate(device, movable, moves, resident)
+                return True
+        return False
+
+    def compact(self, devices: Sequence[int], resident: Sequence[ModelService]) -> None:
+        """Fully compact ``devices``: idle blocks move down until free space is coalesced."""
+        for device in devices:
+            movable = self._movable(device, resident, None)
+            moves = plan_compaction(self.arenas[device].allocator.clone(), movable)
+            self._relocate(device, movable, moves, resident)
+
+    def _movable(
+        self, device: int, resident: Sequence[ModelService], exclude: ModelService | None
+    ) -> dict[str, list[Block]]:
+        """Blocks on ``device`` of resident services that nobody is using (sorted by name)."""
+        movable: dict[str, list[Block]] = {}
+        for other in sorted(resident, key=lambda s: s.name):
+            if other is exclude or other.in_use or other.state is not ServiceState.RESIDENT:
+                continue
+            for d, blocks in other.placement or []:
+                if d == device:
+                    movable[other.name] = list(blocks)
+        return movable
+
+    def _relocate(
+        self,
+        device: int,
+        movable: dict[str, list[Block]],
+        moves: list[Move],
+        resident: Sequence[ModelService],
+    ) -> None:
+        """Apply a plan made on a clone: accounting, on-device copies, then re-pointing."""
+        if not moves:
+            return
+        arena = self.arenas[device]
+        by_name = {s.name: s for s in resident}
+        moved = final_blocks(movable, moves)
+        apply_moves(arena.allocator, moves)
+        for name, blocks in sorted(moved.items()):
+            by_name[name].set_blocks(device, blocks)
+        started = time.perf_counter()
+        try:
+            arena.copy_within(
+                [(m.source.offset_bytes, m.target.offset_bytes, m.source.size_bytes) for m in moves]
+            )
+        except BaseException:
+            for name in sorted(moved):  # bytes may be half-moved: fall back to the host backup
+                self.evict(by_name[name])
+            raise
+        for name in sorted(moved):
+            by_name[name].repoint(arena, device)
+        arena.relocation_s += time.perf_counter() - started
+        arena.num_relocations += len(moves)
+        arena.relocated_bytes += sum(m.source.size_bytes for m in moves)
 
     def _free(self, placement: Placement) -> None:
         for device, blocks in placement:

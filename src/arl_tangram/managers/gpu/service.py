@@ -5,7 +5,8 @@ A service is initialised once (its module built by a loader), then every weight 
 blocks (pinned on CUDA so copies are DMA and asynchronous). Swap-in copies each block
 host -> arena in one piece and re-points every tensor at a typed view of the arena;
 eviction re-points them back at the host backup and hands the blocks back. Weights are
-read-only, so eviction copies nothing.
+read-only, so eviction copies nothing, and an idle resident service can be relocated inside
+its arena (compaction): new blocks, an on-device copy, tensors re-pointed.
 
 The manager owns the locking: every method here is called with the manager's lock held,
 except that ``module`` is used by forward passes while the service is pinned (``in_use``).
@@ -206,15 +207,34 @@ class ModelService:
                 size = shard.layout.block_sizes_bytes[b]
                 copies.append((block.offset_bytes, shard.host.narrow(0, start, size)))
             arena.copy_in(copies)
-            for slot in shard.layout.slots:
-                ref = self.refs[shard.tensor_indices[slot.index]]
-                offset = blocks[slot.block].offset_bytes + slot.offset_bytes
-                ref.point_at(arena.typed_view(offset, slot.nbytes, ref.dtype, ref.shape))
+            self._point_shard_at(arena, shard, blocks)
         self.placement = placement
         self.input_device = arenas[placement[0][0]].device
         devices = {arenas[device].device for device, _ in placement}
         if len(devices) > 1:
             self._install_device_hooks()
+
+    def _point_shard_at(self, arena: DeviceArena, shard: Shard, blocks: list[Block]) -> None:
+        for slot in shard.layout.slots:
+            ref = self.refs[shard.tensor_indices[slot.index]]
+            offset = blocks[slot.block].offset_bytes + slot.offset_bytes
+            ref.point_at(arena.typed_view(offset, slot.nbytes, ref.dtype, ref.shape))
+
+    def set_blocks(self, device: int, blocks: list[Block]) -> None:
+        """Record that this service's shard on ``device`` now lives in ``blocks`` (compaction).
+
+        Accounting only: the caller copies the bytes, then calls ``repoint``. Until then the
+        tensors still alias the old blocks, so the service must stay idle (``in_use == 0``).
+        """
+        assert self.placement is not None and self.in_use == 0
+        self.placement = [(d, blocks if d == device else old) for d, old in self.placement]
+
+    def repoint(self, arena: DeviceArena, device: int) -> None:
+        """Point the shard on ``device`` at its current blocks (after a relocation's copies)."""
+        assert self.placement is not None
+        for shard, (d, blocks) in zip(self.shards, self.placement, strict=True):
+            if d == device:
+                self._point_shard_at(arena, shard, blocks)
 
     def point_at_host(self) -> list[tuple[int, list[Block]]]:
         """Re-point every tensor at the host backup; returns the placement to release."""

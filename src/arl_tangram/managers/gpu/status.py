@@ -19,6 +19,9 @@ class DeviceStatus:
     free_bytes: int
     largest_free_block_bytes: int
     resident: list[str]
+    num_relocations: int
+    relocated_bytes: int
+    relocation_s: float
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ def device_status(index: int, arena: DeviceArena, services: Iterable[ModelServic
         free_bytes=allocator.free_bytes,
         largest_free_block_bytes=allocator.largest_free_block_bytes(),
         resident=resident,
+        num_relocations=arena.num_relocations,
+        relocated_bytes=arena.relocated_bytes,
+        relocation_s=arena.relocation_s,
     )
 
 

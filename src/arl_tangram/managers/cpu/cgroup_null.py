@@ -1,0 +1,81 @@
+"""Shell: the no-cgroup driver behind the explicit ``unisolated=True`` development mode.
+
+Namespaces still isolate the sandbox, but nothing limits, accounts for or freezes it:
+grants are bookkeeping only and a timeout kills the action's processes found through the
+process tree, which a daemonised child escapes. Never chosen silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
+
+
+class NullCgroupDriver:
+    version = 0
+
+    def __init__(self, root_name: str) -> None:
+        self.root_name = root_name
+        self._slot_roots: dict[tuple[str, str], set[int]] = {}
+
+    def describe(self) -> str:
+        return "UNISOLATED: no cgroups (no limits, no accounting, no freezing)"
+
+    def create_root(self) -> None: ...
+    def remove_root(self) -> None: ...
+    def create_sandbox(self, sandbox: str, mem_bytes: int, pids_max: int, cpus: Sequence[int]) -> None: ...
+    def remove_sandbox(self, sandbox: str) -> None: ...
+    def create_slot(self, sandbox: str, slot: str) -> None: ...
+    def remove_slot(self, sandbox: str, slot: str) -> None: ...
+
+    def join_files(self, sandbox: str, slot: str) -> tuple[str, ...]:
+        return ()
+
+    def set_grant(self, sandbox: str, cpus: Sequence[int] | None, quota_us: int | None) -> None: ...
+    def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None: ...
+    def freeze(self, sandbox: str) -> None: ...
+    def thaw(self, sandbox: str) -> None: ...
+
+    def slot_pids(self, sandbox: str, slot: str) -> list[int]:
+        return []
+
+    def sandbox_pids(self, sandbox: str) -> list[int]:
+        return []
+
+    def kill_slot(self, sandbox: str, slot: str) -> None:
+        """Best effort without cgroups: nothing identifies the slot's processes."""
+
+    def kill_sandbox(self, sandbox: str) -> None: ...
+    def reset_slot_counters(self, sandbox: str, slot: str) -> None: ...
+
+    def slot_cpu_ns(self, sandbox: str, slot: str) -> int:
+        return 0
+
+    def slot_peak_bytes(self, sandbox: str, slot: str) -> int:
+        return 0
+
+    def sandbox_memory_bytes(self, sandbox: str) -> int:
+        return 0
+
+    def sandbox_cpu_ns(self, sandbox: str) -> int:
+        return 0
+
+    def oom_kills(self, sandbox: str) -> int:
+        return 0
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (found via /proc children lists)."""
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        with contextlib.suppress(OSError), open(f"/proc/{p}/task/{p}/children", encoding="ascii") as f:
+            todo.extend(int(c) for c in f.read().split())
+    for p in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)

@@ -1,0 +1,148 @@
+"""Shell: file read/write/upload/download inside a sandbox, done from the host side.
+
+The host reaches the sandbox's private tmpfs through ``/proc/<init>/root`` (works while the
+sandbox is frozen, costs no grant). Two rules keep this safe against a hostile sandbox:
+  * paths are walked one component at a time with ``O_NOFOLLOW`` from the sandbox root fd,
+    so a symlink planted by the sandbox can never redirect a host-side write or read;
+  * the calling thread's fsuid/fsgid are switched to the sandbox user's host ids, so files
+    get the right owner (a tmpfs mounted in a user namespace refuses unmapped owners) and the
+    host process has no more file rights than the sandbox user.
+Only paths under the sandbox's workspace or ``/tmp`` are accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import posixpath
+import stat
+from collections.abc import Iterator
+
+from arl_tangram.managers.cpu.errors import CpuManagerError, InvalidRequestError
+from arl_tangram.managers.cpu.launch import SandboxLayout
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def sandbox_path(path: str, layout: SandboxLayout, field: str = "path") -> tuple[str, ...]:
+    """Validate ``path`` (absolute, or relative to the workspace) and split it into
+    components below ``/``; it must stay inside the workspace or ``/tmp``."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidRequestError(field, "must be a non-empty string without NUL bytes", path)
+    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(layout.workspace, path))
+    roots = (layout.workspace, "/tmp")
+    if not any(full == r or full.startswith(r + "/") for r in roots):
+        raise InvalidRequestError(field, f"must stay inside {layout.workspace} or /tmp", path)
+    return tuple(p for p in full.split("/") if p)
+
+
+@contextlib.contextmanager
+def _as_sandbox_user(layout: SandboxLayout) -> Iterator[None]:
+    """fsuid/fsgid are per thread in Linux, so this affects only the calling thread."""
+    _libc.setfsgid(layout.host_gid)
+    _libc.setfsuid(layout.host_uid)
+    try:
+        yield
+    finally:
+        _libc.setfsuid(0)
+        _libc.setfsgid(0)
+
+
+@contextlib.contextmanager
+def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
+    """fd of the directory ``parts`` (relative to the sandbox root), never following links."""
+    fds = [os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for name in parts:
+            try:
+                fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                if not create:
+                    raise
+                # Another writer may create it between our open and mkdir: that is fine.
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fds[-1])
+                fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+        yield fds[-1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _mapped(exc: OSError, path: str) -> Exception:
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"no such file in the sandbox: {path}")
+    if exc.errno == 28:
+        return CpuManagerError(f"sandbox workspace is full (writing {path})")
+    if exc.errno == 40 or isinstance(exc, NotADirectoryError):
+        return InvalidRequestError("path", "must not pass through a symlink or a non-directory", path)
+    return exc
+
+
+def write_file(root_dir: str, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
+    """Create or replace the file at ``path`` (parents created); O(len(data))."""
+    parts = sandbox_path(path, layout)
+    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=True) as dfd:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    except OSError as exc:
+        raise _mapped(exc, path) from exc
+    finally:
+        os.close(root_fd)
+
+
+def read_file(root_dir: str, layout: SandboxLayout, path: str, max_bytes: int | None = None) -> bytes:
+    parts = sandbox_path(path, layout)
+    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise InvalidRequestError("path", "must name a regular file", path)
+            with os.fdopen(fd, "rb") as f:
+                return f.read() if max_bytes is None else f.read(max_bytes)
+    except OSError as exc:
+        raise _mapped(exc, path) from exc
+    finally:
+        os.close(root_fd)
+
+
+def list_tree(root_dir: str, layout: SandboxLayout, path: str) -> list[tuple[str, bool]]:
+    """(relative path, is_dir) of everything below directory ``path``, parents first."""
+    parts = sandbox_path(path, layout)
+    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    out: list[tuple[str, bool]] = []
+    try:
+        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts, create=False) as dfd:
+            _scan(dfd, "", out)
+    except OSError as exc:
+        raise _mapped(exc, path) from exc
+    finally:
+        os.close(root_fd)
+    return out
+
+
+def _scan(dfd: int, prefix: str, out: list[tuple[str, bool]]) -> None:
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        with os.scandir(fd) as it:
+            entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in it)
+    finally:
+        os.close(fd)
+    for name, is_dir, is_file in entries:
+        rel = f"{prefix}{name}"
+        if is_dir:
+            out.append((rel, True))
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+            try:
+                _scan(sub, rel + "/", out)
+            finally:
+                os.close(sub)
+        elif is_file:
+            out.append((rel, False))

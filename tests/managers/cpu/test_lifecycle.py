@@ -1,0 +1,53 @@
+"""Manager lifecycle: warm pool, close cleans everything, unisolated mode is explicit."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import time
+
+import pytest
+
+from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
+from arl_tangram.managers.cpu.errors import InvalidRequestError
+from arl_tangram.managers.cpu.manager import CpuManager
+
+SMALL = SandboxSpec(mem_bytes=256 << 20, pids_max=128, workspace_bytes=64 << 20, tmp_bytes=32 << 20)
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bubblewrap")
+
+
+@needs_root
+def test_warm_pool_hands_out_ready_sandboxes_and_close_cleans() -> None:
+    mgr = CpuManager(CpuManagerConfig(pool_size=2, default_spec=SMALL))
+    try:
+        t0 = time.perf_counter()
+        sid = mgr.create_sandbox()
+        assert time.perf_counter() - t0 < 0.05
+        assert mgr.exec(sid, "echo warm").stdout == b"warm\n"
+        live = mgr.create_sandbox(SandboxSpec(mem_bytes=64 << 20, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
+        assert mgr.exec(live, "df -m /workspace | tail -1 | awk '{print $2}'").stdout.strip() == b"8"
+        deadline = time.monotonic() + 5
+        while len(mgr._pool) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(mgr._pool) == 2
+    finally:
+        mgr.close()
+    assert not glob.glob(f"/sys/fs/cgroup/**/{mgr.root_name}", recursive=True)
+
+
+@needs_root
+def test_unisolated_mode_is_loud(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING), CpuManager(CpuManagerConfig(unisolated=True, default_spec=SMALL)) as mgr:
+        assert "UNISOLATED" in caplog.text
+        assert mgr.driver.describe().startswith("UNISOLATED")
+        sid = mgr.create_sandbox()
+        assert mgr.exec(sid, "echo dev").stdout == b"dev\n"
+
+
+def test_config_validation_names_fields() -> None:
+    with pytest.raises(InvalidRequestError, match="spec.mem_bytes"):
+        SandboxSpec(mem_bytes=-1)
+    with pytest.raises(InvalidRequestError, match="config.pool_size"):
+        CpuManagerConfig(pool_size=-3)
