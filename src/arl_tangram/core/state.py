@@ -128,35 +128,43 @@ class ClusterState:
 class StateEditor:
     """Copy-on-write view of a ``ClusterState`` for one scheduling round (not thread-safe)."""
 
+    # Tables are plain instance attributes (fast reads on the hot path); ``w`` swaps in a copy.
+    cpu: Mapping[str, CpuFree]
+    gpu: Mapping[str, int]
+    quota: Mapping[str, QuotaFree]
+    envs: Mapping[str, EnvState]
+    env_queue: Mapping[str, int]
+    replicas: Mapping[str, Replica]
+    queue_cpu: Mapping[str, QueuedAction]
+    queue_service: Mapping[str, QueuedAction]
+    queue_api: Mapping[str, QueuedAction]
+    running: Mapping[str, Running]
+    estimates: Mapping[str, tuple[int, float]]
+
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec
         self.now_s = now_s
         self.seq = base.seq
         self._base = base
-        self._tables: dict[str, Any] = {name: getattr(base, name) for name in _TABLES}
+        for name in _TABLES:
+            setattr(self, name, getattr(base, name))
         self._copied: set[str] = set()
         # Nodes whose situation changed this round (an action arrived, finished, an env got
         # ready). Pools elsewhere are as the last round left them, so policies may skip them.
         # "*" means every node (a wake-up, or an action not bound to a node).
         self.touched: set[str] = set()
 
-    def __getattr__(self, name: str) -> Any:
-        tables = self.__dict__.get("_tables")
-        if tables is not None and name in tables:
-            return tables[name]
-        raise AttributeError(name)
-
     def w(self, name: str) -> dict[str, Any]:
         """The writable copy of table ``name`` (copied on first write this round)."""
         if name not in self._copied:
-            self._tables[name] = dict(self._tables[name])
+            setattr(self, name, dict(getattr(self, name)))
             self._copied.add(name)
-        table: dict[str, Any] = self._tables[name]
+        table: dict[str, Any] = getattr(self, name)
         return table
 
     def find_queued(self, action_id: str) -> QueuedAction | None:
         for lane in ("queue_cpu", "queue_service", "queue_api"):
-            qa = self._tables[lane].get(action_id)
+            qa = getattr(self, lane).get(action_id)
             if qa is not None:
                 return qa  # type: ignore[no-any-return]
         return None
@@ -172,7 +180,9 @@ class StateEditor:
         return self.seq
 
     def freeze(self) -> ClusterState:
-        tables: dict[str, Any] = {n: MappingProxyType(t) if n in self._copied else t for n, t in self._tables.items()}
+        tables: dict[str, Any] = {
+            n: MappingProxyType(getattr(self, n)) if n in self._copied else getattr(self, n) for n in _TABLES
+        }
         return replace(self._base, now_s=self.now_s, seq=self.seq, **tables)
 
     # --- CPU accounting -------------------------------------------------------------

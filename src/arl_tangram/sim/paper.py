@@ -18,7 +18,7 @@ MOPD_BATCHES = (2048, 3072)  # PAPER
 MOPD_GPU_SWEEP = (4, 6, 8, 10, 12, 16, 24, 36)  # pool sizes tried for ARL-Tangram
 DEEPSEARCH_GPUS = 16  # assumption: the judge's GPUs (two nodes), the same for both systems
 ABLATION_NODES = 2  # assumption: a 512-core pool for the ablation
-ABLATION_BATCHES = {"sparse": 48, "dense": 768}  # assumption: lightly and heavily loaded regimes
+ABLATION_BATCHES = {"sparse": 48, "dense": 512}  # assumption: lightly and heavily loaded regimes
 
 
 def pod_millicores(batch: int = CODING_BATCH, nodes: int = PAPER_CPU_NODES, cores: int = 256) -> int:
@@ -54,7 +54,8 @@ def mopd_specs(quick: bool = False) -> list[RunSpec]:
     for batch in MOPD_BATCHES[:1] if quick else MOPD_BATCHES:
         wp = {"batch": batch}
         specs.append(RunSpec("mopd", "sglang-static", "mopd", wp, "task-pool", {"deployments": mopd_deployments(wp)}, gpus=PAPER_GPU_NODES * 8))
-        for gpus in (8, 10, 16) if quick else MOPD_GPU_SWEEP:
+        sweep = MOPD_GPU_SWEEP if batch == MOPD_BATCHES[0] else tuple(g for g in MOPD_GPU_SWEEP if g >= 8)
+        for gpus in (8, 10, 16) if quick else sweep:
             specs.append(RunSpec("mopd", f"arl-tangram@{gpus}", "mopd", wp, "elastic", gpus=gpus))
     return specs
 

@@ -100,7 +100,7 @@ def plan_pool(
     behind it that should wait for more units). At most ``depth`` tries. ``backlog``
     (queued actions of this pool that did not fit) is part of the estimate so deferrals
     that would delay it are charged for it. A candidate whose ``deferrable`` flag is False
-    (it has aged past the bound) is never deferred.
+    (it has aged past the bound) is never deferred, nor is a fixed-size candidate.
     """
     keep = list(range(len(claims)))
     best_dops, best_obj = _evaluate(claims, keep, [], free, releases, now, backlog)
@@ -109,8 +109,8 @@ def plan_pool(
     for i in reversed(range(len(claims))):
         if tries >= depth:
             break
-        if deferrable is not None and not deferrable[i]:
-            continue
+        if (deferrable is not None and not deferrable[i]) or claims[i].dop_min == claims[i].dop_max:
+            continue  # aged, or fixed-size: deferring a fixed action frees too little to pay
         tries += 1
         trial_keep = [j for j in keep if j != i]
         trial_deferred = sorted(deferred + [i])
