@@ -19,7 +19,7 @@ from typing import Any
 
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import Amdahl
-from arl_tangram.core.events import ActionFinished, ActionSubmitted, EnvReady, EnvRequested
+from arl_tangram.core.events import ActionFinished, ActionSubmitted, EnvReady, EnvRequested, Event
 from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ResourceKind, ResourceVector
 from arl_tangram.core.scheduler import Scheduler
@@ -66,7 +66,10 @@ def measure(queued: int, rounds: int, policy: str, seed: int = 0) -> dict[str, A
         now += 0.01
         victim = min(state.running.values(), key=lambda r: (r.expected_end_s, r.spec.action_id))
         env_id = victim.spec.binding.name
-        events = [ActionFinished(victim.spec.action_id, "succeeded", 1.0), ActionSubmitted(_action(rng, counter, env_id))]
+        events: list[Event] = [
+            ActionFinished(victim.spec.action_id, "succeeded", 1.0),
+            ActionSubmitted(_action(rng, counter, env_id)),
+        ]
         counter += 1
         t0 = time.perf_counter()
         state = sched.step(state, events, now).state
