@@ -200,6 +200,15 @@ def test_k8s_static_pods_hold_cores_and_envs_queue_when_full() -> None:
     assert [p.env_id for p in of_type(r.decisions, PlaceEnv)] == ["e2"]
 
 
+def test_k8s_static_pod_release_returns_cores_to_their_numa_domains() -> None:
+    d = Driver.of("k8s-static", make_cluster(cores=8, numa=2), pod_millicores=2000)
+    d.step([EnvRequested(make_env(f"e{i}")) for i in range(3)])
+    assert d.state.cpu["cpu-0"].free_millicores == 2000
+    for i in range(3):
+        d.step([EnvReleased(f"e{i}")], now=float(i + 1))  # validate: NUMA free within capacity
+    assert d.state.cpu["cpu-0"].numa_free == (4000, 4000)
+
+
 def test_k8s_static_dop_is_clamped_to_the_action() -> None:
     d = Driver.of("k8s-static", make_cluster(cores=16), pod_millicores=8000)
     d.add_ready_env(make_env("e0"))
@@ -322,6 +331,17 @@ def test_fixed_dop_gives_exactly_k_clamped_and_never_defers() -> None:
     assert all(s.reason == "fixed DoP 4" for s in of_type(r.decisions, StartAction))
     r = d.finish("wide", now=1.0)
     assert {s.action_id: s.dop for s in of_type(r.decisions, StartAction)} == {"late": 4}
+
+
+def test_fixed_dop_larger_than_a_node_still_runs() -> None:
+    """An accepted action must not wait forever: with k above a node's cores, the action
+    fits at its dop_min, so it must start (clamped to what the node holds)."""
+    d = Driver.of("fixed-dop", make_cluster(cores=8), dop=16)
+    d.add_ready_env(make_env("e0"))
+    d.step([ActionSubmitted(make_action("a", env="e0", dop_max=32, serial_fraction=0.0))])
+    d.step([], now=20.0)  # wake-ups past the aging bound
+    d.step([], now=40.0)
+    assert [s.action_id for s in of_type(d.log, StartAction)] == ["a"]
 
 
 def test_fixed_dop_does_not_defer_where_elastic_would() -> None:

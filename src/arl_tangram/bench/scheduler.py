@@ -66,11 +66,12 @@ def measure(queued: int, rounds: int, policy: str, seed: int = 0) -> dict[str, A
         now += 0.01
         victim = min(state.running.values(), key=lambda r: (r.expected_end_s, r.spec.action_id))
         env_id = victim.spec.binding.name
-        events: list[Event] = [
-            ActionFinished(victim.spec.action_id, "succeeded", 1.0),
-            ActionSubmitted(_action(rng, counter, env_id)),
-        ]
-        counter += 1
+        # One finish and its trajectory's next action, plus arrivals that keep the queue
+        # at its target depth (a finish of a wide action lets many queued ones start).
+        refill = max(0, queued - len(state.queue_cpu))
+        events: list[Event] = [ActionFinished(victim.spec.action_id, "succeeded", 1.0)]
+        events += [ActionSubmitted(_action(rng, counter + i, env_id if i == 0 else envs[(counter + i) % num_envs])) for i in range(1 + refill)]
+        counter += 1 + refill
         t0 = time.perf_counter()
         state = sched.step(state, events, now).state
         durations.append((time.perf_counter() - t0) * 1000.0)

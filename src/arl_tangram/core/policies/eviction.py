@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from arl_tangram.core.policies.waterfill import Claim, allocate
 
 
+# How many future releases a waiting claim may wait for in the estimate: enough to see a
+# wide action free its cores, few enough to keep a round's cost bounded.
+MAX_LOOKAHEAD_RELEASES = 16
+# How much of a pool's backlog the estimate charges deferrals for.
+MAX_BACKLOG = 8
+
+
 @dataclass(frozen=True)
 class Plan:
     start: tuple[int, ...]  # indices (FCFS order) of the candidates that start now
@@ -71,7 +78,7 @@ def _best_start(c: Claim, t: float, free: int, heap: list[tuple[float, int]]) ->
     best = (t, free, 0)
     popped: list[tuple[float, int]] = []
     cur_t, cur_free = t, free
-    while heap and cur_free < c.dop_max * c.unit_cost:
+    while heap and cur_free < c.dop_max * c.unit_cost and len(popped) < MAX_LOOKAHEAD_RELEASES:
         at, units = heapq.heappop(heap)
         popped.append((at, units))
         cur_t, cur_free = max(cur_t, at), cur_free + units
@@ -132,5 +139,5 @@ def _evaluate(
     kept = [claims[i] for i in keep]
     dops = allocate(kept, free)
     used = sum(m * c.unit_cost for c, m in zip(kept, dops, strict=True))
-    waiting = [claims[i] for i in deferred] + list(backlog)
+    waiting = [claims[i] for i in deferred] + list(backlog[:MAX_BACKLOG])
     return dops, estimate_objective(kept, dops, waiting, free - used, releases, now)
