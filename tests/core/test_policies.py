@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from arl_tangram.core.decisions import EvictService, LoadService, PlaceEnv, RejectAction, StartAction
+from arl_tangram.core.decisions import (
+    EvictService,
+    LoadService,
+    PlaceEnv,
+    RejectAction,
+    StartAction,
+)
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
     ActionCancelled,
@@ -21,7 +27,16 @@ from arl_tangram.core.events import (
 from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.resources import ZERO
 from arl_tangram.core.topology import QuotaPoolSpec
-from tests.core.builders import GIB, MC, Driver, make_action, make_cluster, make_env, make_service, of_type
+from tests.core.builders import (
+    GIB,
+    MC,
+    Driver,
+    make_action,
+    make_cluster,
+    make_env,
+    make_service,
+    of_type,
+)
 
 ALL_POLICIES = ["elastic", "k8s-static", "task-pool", "fixed-dop", "ideal"]
 
@@ -163,6 +178,20 @@ def test_elastic_api_actions_wait_for_tokens_and_wake() -> None:
     r = d.step([], now=r.wake_at)
     assert [s.action_id for s in of_type(r.decisions, StartAction)] == ["q2"]
     assert r.wake_at == pytest.approx(2.0)
+
+
+def test_quota_wake_up_makes_progress() -> None:
+    """The bucket refills in small increments; when the promised wake-up comes, a token must
+    be there (float rounding must not leave it at 0.999... with the wake-up stuck at now)."""
+    d = Driver.of("elastic", make_cluster(quota_pools=[QuotaPoolSpec("api", 1, 1.0)]))
+    d.step([ActionSubmitted(make_action("q0", api="api")), ActionSubmitted(make_action("q1", api="api"))], now=0.0)
+    r = d.finish("q0", now=0.0)
+    assert r.wake_at == pytest.approx(1.0)
+    wake = r.wake_at
+    d.step([], now=0.2)  # unrelated rounds refill the bucket bit by bit
+    d.step([], now=0.9)
+    r = d.step([], now=wake)
+    assert "q1" in d.starts(), (d.state.quota["api"], r.wake_at)
 
 
 @pytest.mark.parametrize("policy", ["k8s-static", "task-pool"])

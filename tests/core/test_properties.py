@@ -19,11 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from arl_tangram.core.action import ActionSpec
-from arl_tangram.core.decisions import Decision, EvictService, LoadService, PlaceEnv, RejectAction, StartAction
+from arl_tangram.core.decisions import (
+    Decision,
+    EvictService,
+    LoadService,
+    PlaceEnv,
+    RejectAction,
+    StartAction,
+)
 from arl_tangram.core.events import (
     ActionCancelled,
     ActionFinished,
@@ -99,10 +106,16 @@ def check_step(before: ClusterState, events: tuple[Event, ...], decisions: tuple
             rep = before.replicas.get(d.replica_id)
             assert rep is not None or d.replica_id in loaded
             if rep is not None:
-                assert rep.busy_action is None and not rep.pinned, f"evicted a busy or pinned replica {rep}"
+                assert not rep.pinned, f"evicted a pinned replica {rep}"
+                assert rep.busy_action is None or rep.busy_action in finished, f"evicted a busy replica {rep}"
             assert d.replica_id not in after.replicas
         elif isinstance(d, PlaceEnv):
             assert after.envs[d.env_id].node_id == d.node_id
+    # a running service action keeps its replica
+    for aid, run in after.running.items():
+        if run.replica_id is not None:
+            rep = after.replicas.get(run.replica_id)
+            assert rep is not None and rep.busy_action == aid, f"{aid} runs on replica {run.replica_id}, now {rep}"
 
 
 # --- random event sequences -------------------------------------------------------------
@@ -222,12 +235,14 @@ def test_elastic_never_over_allocates(ops: list[tuple[Any, ...]]) -> None:
 
 @PROPS
 @given(ops=ops_st)
+@example(ops=[("svc_ready",), ("gpu", "s2", (4, 4), None)])  # wider than s2's 2-device replica
 def test_k8s_static_never_over_allocates(ops: list[tuple[Any, ...]]) -> None:
     run_ops("k8s-static", ops)
 
 
 @PROPS
 @given(ops=ops_st)
+@example(ops=[("svc_ready",), ("gpu", "s2", (4, 4), None)])  # wider than s2's 2-device replica
 def test_task_pool_never_over_allocates(ops: list[tuple[Any, ...]]) -> None:
     run_ops("task-pool", ops)
 
@@ -381,7 +396,7 @@ class Harness:
         else:
             self._at(now + 0.1, EnvReleased(env))
 
-    def run(self, max_rounds: int = 3000) -> None:
+    def run(self, max_rounds: int = 2000) -> None:
         wake: float | None = None
         now = 0.0
         for _ in range(max_rounds):
@@ -403,6 +418,8 @@ class Harness:
                 if isinstance(e, ActionFinished):
                     self._after_finish(e.action_id, now)
             if result.wake_at is not None:
+                stuck = not events and not result.decisions and result.wake_at <= now
+                assert not stuck, f"livelock: a wake-up round at {now} did nothing and asked to wake at {result.wake_at}"
                 wake = result.wake_at if wake is None else min(wake, result.wake_at)
         raise AssertionError(f"no quiescence after {max_rounds} rounds: queued {sorted(self.state.queued())}")
 
@@ -420,12 +437,16 @@ STARVE = settings(max_examples=80, deadline=None, suppress_health_check=[HealthC
 
 @STARVE
 @given(load=load_st)
+@example(load=Load(  # the token bucket refills in float steps between wake-ups
+    [("A", 1, [(1, 1, 0.0, 1.0)]), ("A", 1, [(1, 1, 0.0, 0.2)])], [], [(0.0, 0.1), (0.0, 0.1), (0.1, 0.1), (0.1, 0.1)]
+))
 def test_elastic_starts_every_action(load: Load) -> None:
     _assert_everything_started(Harness("elastic", load))
 
 
 @STARVE
 @given(load=load_st)
+@example(load=Load([("A", 1, [(1, 1, 0.0, 0.2), (1, 1, 0.0, 0.2)])] + [("A", 1, [(1, 1, 0.0, 0.2)])] * 4, [], []))  # pods come and go
 def test_k8s_static_starts_every_action(load: Load) -> None:
     _assert_everything_started(Harness("k8s-static", load))
 

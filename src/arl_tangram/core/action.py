@@ -15,7 +15,7 @@ from typing import Literal
 
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.errors import SpecError
-from arl_tangram.core.resources import ZERO, ResourceKind, ResourceVector
+from arl_tangram.core.resources import FIELD_OF_KIND, ZERO, ResourceKind, ResourceVector
 
 BindingKind = Literal["env", "service", "api", "none"]
 GPU_CHUNK_SIZES = (1, 2, 4, 8)
@@ -36,8 +36,10 @@ class Binding:
 
 
 def _check_vector(name: str, vector: ResourceVector) -> None:
+    if not isinstance(vector, ResourceVector):
+        raise SpecError(name, "must be a ResourceVector", vector)
     for kind in ResourceKind:
-        amount = vector.amount(kind)
+        amount = getattr(vector, FIELD_OF_KIND[kind])  # raw: amount() would coerce to int
         if not isinstance(amount, int) or isinstance(amount, bool):
             raise SpecError(f"{name}.{kind.value}", "must be an integer amount", amount)
         if amount < 0:

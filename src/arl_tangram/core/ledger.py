@@ -111,8 +111,7 @@ def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, 
     """Place a pending env; ``held`` (its memory, plus fixed cores for pod-style policies) is taken now."""
     env = ed.envs[env_id]
     numa = ed.take_cpu(node_id, held) if not held.is_zero() else ()
-    del numa  # env holdings are returned whole on release; NUMA detail is per-action only
-    ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held)
+    ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held, held_numa=numa)
     del ed.w("env_queue")[env_id]
     return PlaceEnv(env_id, node_id, held, reason, cause)
 
@@ -125,7 +124,7 @@ def release_env(ed: StateEditor, env_id: str) -> None:
     if env_id in ed.env_queue:
         del ed.w("env_queue")[env_id]
     if env.node_id is not None and not env.held.is_zero():
-        ed.give_cpu(env.node_id, env.held, ())
+        ed.give_cpu(env.node_id, env.held, env.held_numa)
 
 
 def load_replica(

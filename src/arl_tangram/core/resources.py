@@ -75,14 +75,14 @@ class ResourceVector:
         return min(self.cpu_millicores, self.mem_bytes, self.gpu_devices, self.quota_tokens) >= 0
 
     def amount(self, kind: ResourceKind) -> int:
-        return int(getattr(self, _FIELD_OF_KIND[kind]))
+        return int(getattr(self, FIELD_OF_KIND[kind]))
 
     def is_zero(self) -> bool:
         return self == ZERO
 
     @classmethod
     def of(cls, kind: ResourceKind, amount: int) -> ResourceVector:
-        return cls(**{_FIELD_OF_KIND[kind]: amount})
+        return cls(**{FIELD_OF_KIND[kind]: amount})
 
     @classmethod
     def from_mapping(cls, demand: dict[str, int], field: str = "demand") -> ResourceVector:
@@ -90,11 +90,11 @@ class ResourceVector:
         values = {}
         for name, amount in sorted(demand.items()):
             kind = ResourceKind.parse(name, f"{field}.{name}")
-            values[_FIELD_OF_KIND[kind]] = amount
+            values[FIELD_OF_KIND[kind]] = amount
         return cls(**values)
 
 
-_FIELD_OF_KIND = {
+FIELD_OF_KIND = {
     ResourceKind.CPU: "cpu_millicores",
     ResourceKind.MEM: "mem_bytes",
     ResourceKind.GPU: "gpu_devices",

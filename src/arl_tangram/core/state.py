@@ -46,6 +46,7 @@ class EnvState:
     seq: int
     node_id: str | None = None  # None while pending placement
     held: ResourceVector = ZERO
+    held_numa: tuple[int, ...] = ()  # millicores of ``held`` per NUMA domain, returned on release
     ready: bool = False
     busy_action: str | None = None
 
@@ -214,9 +215,9 @@ class StateEditor:
         free = self.cpu.get(node_id)
         if free is None:  # node lost meanwhile
             return
-        numa = tuple(f + t for f, t in zip(free.numa_free, numa_taken or (0,) * len(free.numa_free), strict=True))
-        if not numa_taken and demand.cpu_millicores:
-            numa = (numa[0] + demand.cpu_millicores,) + numa[1:]
+        if not numa_taken:  # memory-only holdings took no cores from any domain
+            numa_taken = (0,) * len(free.numa_free)
+        numa = tuple(f + t for f, t in zip(free.numa_free, numa_taken, strict=True))
         self.w("cpu")[node_id] = CpuFree(
             free.free_millicores + demand.cpu_millicores, free.free_mem_bytes + demand.mem_bytes, numa
         )
@@ -243,7 +244,7 @@ class StateEditor:
 
     def take_quota(self, provider: str, tokens: int) -> None:
         q = self.refill_quota(provider)
-        self.w("quota")[provider] = QuotaFree(q.free_tokens - tokens, q.bucket - 1.0, q.refilled_s)
+        self.w("quota")[provider] = QuotaFree(q.free_tokens - tokens, max(0.0, q.bucket - 1.0), q.refilled_s)
 
     def give_quota(self, provider: str, tokens: int) -> None:
         q = self.quota.get(provider)

@@ -116,8 +116,14 @@ def check_can_ever_fit(spec: ActionSpec, cluster: ClusterSpec) -> None:
         if service is None:
             raise SpecError("binding.name", "must name a registered service", binding.name)
         largest = max((n.devices for n in cluster.gpu_nodes), default=0)
-        if max(spec.dop_min, service.devices_min) > largest:
-            raise SpecError("dop_min", f"must fit the largest GPU node ({largest} devices)", spec.dop_min)
+        lo, hi = max(spec.dop_min, service.devices_min), min(spec.dop_max, service.devices_max)
+        if min(lo, service.devices_min) > largest or (lo <= hi and lo > largest):
+            raise SpecError("dop_min", f"must fit the largest GPU node ({largest} devices)", lo)
+        if lo > hi:
+            raise SpecError(
+                "dop_min", f"must overlap the service's replica sizes [{service.devices_min}, {service.devices_max}]",
+                (spec.dop_min, spec.dop_max),
+            )
         return
     if binding.kind == "api":
         pool = cluster.quota_pool(binding.name)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from arl_tangram.core import ledger
 from arl_tangram.core.decisions import Decision
-from arl_tangram.core.elasticity import ElasticityModel
+from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.waterfill import Claim
 from arl_tangram.core.resources import ResourceKind
@@ -90,21 +90,36 @@ def collect(
 
 
 def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) -> Claim:
+    """The allocation view of a CPU candidate.
+
+    A CPU-elastic action claims cores per unit of DoP (its fixed part is charged by the
+    caller). Any other action is one indivisible unit costing its whole CPU demand.
+    """
     spec = qa.spec
-    unit_cost = spec.demand_per_unit.cpu_millicores if spec.key is ResourceKind.CPU else 0
+    if spec.key is not ResourceKind.CPU:
+        cost = max(1, spec.demand_min.cpu_millicores)
+        return _claim(NonElastic(), 1, 1, cost, 1.0)
     lo, hi = spec.dop_min, spec.dop_max
     if fixed_dop is not None:
         lo = hi = min(max(fixed_dop, spec.dop_min), spec.dop_max)
-    if unit_cost == 0:  # not CPU-elastic: its DoP is fixed at dop_min
-        hi = lo
-        unit_cost = 1
-    return _claim(spec.elasticity, lo, hi, unit_cost, ledger.estimated_t_ori(ed, qa))
+    t_ori = ledger.estimated_t_ori(ed, qa)
+    try:
+        return _claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
+    except TypeError:  # an unhashable (e.g. still-learning) model: never cache it
+        return _build_claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
 
 
-@functools.lru_cache(maxsize=8192)
-def _claim(elasticity: ElasticityModel, lo: int, hi: int, unit_cost: int, t_ori: float) -> Claim:
-    # Most actions of a kind share one learned T_ori, so a round rebuilds few claims.
+def _build_claim(elasticity: ElasticityModel, lo: int, hi: int, unit_cost: int, t_ori: float) -> Claim:
     return Claim.of(lo, hi, unit_cost, lambda m: elasticity.duration_s(t_ori, m))
+
+
+# Most actions of a kind share one learned T_ori, so a round rebuilds few claims.
+_claim = functools.lru_cache(maxsize=8192)(_build_claim)
+
+
+def start_dop(qa: QueuedAction, claim_dop: int) -> int:
+    """The DoP to start with: the claim's for CPU-elastic actions, else the spec's minimum."""
+    return claim_dop if qa.spec.key is ResourceKind.CPU else qa.spec.dop_min
 
 
 def releases_on(ed: StateEditor, node_id: str) -> list[tuple[float, int]]:
@@ -121,7 +136,7 @@ def start_pools(
             continue  # nothing changed there since its last plan: the plan stands
         cands = pools.candidates[node_id]
         claims = [claim_of(ed, qa, fixed_dop) for qa in cands]
-        fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands)
+        fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands if qa.spec.key is ResourceKind.CPU)
         budget = ed.cpu[node_id].free_millicores - fixed_part
         if evict:
             backlog = [claim_of(ed, qa, fixed_dop) for qa in pools.backlog.get(node_id, [])]
@@ -133,5 +148,5 @@ def start_pools(
             chosen, dops = tuple(range(len(cands))), tuple(c.dop_min for c in claims)
             reason = f"fixed DoP {fixed_dop}"
         for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
-            decisions.append(ledger.start_action(ed, qa, node_id, dop, reason, cause))
+            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause))
     return decisions

@@ -65,12 +65,19 @@ class FixedDopPolicy(ElasticPolicy):
     def __init__(self, dop: int = 4, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.dop = dop
+        self._dop = dop
+
+    def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
+        # A DoP wider than a node could never start: cap it at the smallest node's cores.
+        smallest = min((sum(n.numa_cores) for n in ed.spec.cpu_nodes), default=self.dop)
+        self._dop = max(1, min(self.dop, smallest))
+        return super().schedule(ed, cause)
 
     def dop_floor(self, qa: QueuedAction) -> int:
-        return min(max(self.dop, qa.spec.dop_min), qa.spec.dop_max)
+        return min(max(self._dop, qa.spec.dop_min), qa.spec.dop_max)
 
     def fixed_dop(self) -> int | None:
-        return self.dop
+        return self._dop
 
 
 class IdealPolicy(FixedDopPolicy):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from arl_tangram.core.policies.waterfill import Claim, allocate
 
-
 # How many future releases a waiting claim may wait for in the estimate: enough to see a
 # wide action free its cores, few enough to keep a round's cost bounded.
 MAX_LOOKAHEAD_RELEASES = 16

@@ -68,12 +68,16 @@ class TaskPoolPolicy(Policy):
 
     def _place(self, ed: StateEditor, cause: str) -> list[Decision]:
         decisions: list[Decision] = []
+        blocked: set[str] = set()  # FCFS within a task: one task's full pool never blocks another's
         for env_id in placement.pending_envs(ed):
             env = ed.envs[env_id]
+            if env.spec.tenant in blocked:
+                continue
             allowed = self.partitions.get(env.spec.tenant) or tuple(sorted(ed.cpu))
             fits = [n for n in allowed if n in ed.cpu and ed.cpu[n].free_mem_bytes >= env.spec.mem_bytes]
             if not fits:
-                break
+                blocked.add(env.spec.tenant)
+                continue
             node = max(fits, key=lambda n: (ed.cpu[n].free_mem_bytes, n))
             held = ResourceVector(mem_bytes=env.spec.mem_bytes)
             decisions.append(ledger.place_env(ed, env_id, node, held, f"task pool of {env.spec.tenant}", cause))

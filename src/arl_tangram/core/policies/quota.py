@@ -7,6 +7,9 @@ from arl_tangram.core.decisions import Decision
 from arl_tangram.core.resources import ZERO
 from arl_tangram.core.state import StateEditor
 
+# Refills accumulate in float steps; a token promised at a wake-up time must be there then.
+BUCKET_EPS = 1e-9
+
 
 def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float | None]:
     """Admit API actions FCFS while the provider has concurrency and rate tokens.
@@ -23,11 +26,11 @@ def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float
         provider = qa.spec.binding.name
         q = ed.refill_quota(provider)
         need = qa.spec.demand_at(qa.spec.dop_min).quota_tokens
-        if q.free_tokens >= need and q.bucket >= 1.0:
+        if q.free_tokens >= need and q.bucket >= 1.0 - BUCKET_EPS:
             decisions.append(ledger.start_action(ed, qa, provider, qa.spec.dop_min, "quota: token granted", cause))
             continue
         blocked.add(provider)  # FCFS per provider
-        if q.bucket < 1.0:
+        if q.bucket < 1.0 - BUCKET_EPS:
             pool = ed.spec.quota_pool(provider)
             assert pool is not None
             at = ed.now_s + (1.0 - q.bucket) / pool.rate_per_s

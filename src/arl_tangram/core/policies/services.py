@@ -161,9 +161,10 @@ def schedule_static(ed: StateEditor, cause: str, depth: int) -> list[Decision]:
     """FCFS per service onto its own idle pinned replicas; nothing is borrowed across services."""
     decisions: list[Decision] = []
     for qa in list(itertools.islice(ed.queue_service.values(), depth)):
-        lo, hi = _bounds(ed, qa)
         rep = _idle_replica(ed, qa.spec.binding.name, 1, 8)
         if rep is not None and rep.ready:
+            # The deployment's size is the operator's; the action is accounted at the
+            # nearest DoP it allows (submission already checked the ranges overlap).
             dop = min(max(rep.size, qa.spec.dop_min), qa.spec.dop_max)
             decisions.append(ledger.start_action(ed, qa, rep.node_id, dop, "static: dedicated replica", cause, replica_id=rep.replica_id))
     return decisions

@@ -1,0 +1,164 @@
+"""Import contract (DESIGN.md §2): the dependency direction between packages, checked on the
+source with ``ast`` (so lazy, function-level imports count too).
+
+cli, api, bench -> runtime, client -> agent, backends -> managers -> core;  sim -> core.
+core imports nothing of the project outside core, and no I/O, clock or concurrency modules.
+Nothing imports bench or cli.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "arl_tangram"
+
+# Sans-I/O core: no event loop, clock, processes, sockets, threads, randomness or log handlers.
+CORE_FORBIDDEN_MODULES = {
+    "asyncio", "time", "os", "subprocess", "socket", "threading", "multiprocessing",
+    "random", "logging", "signal", "selectors", "shutil", "tempfile", "io", "pathlib",
+}
+CORE_ALLOWED_THIRD_PARTY = {"numpy"}
+SIM_ALLOWED_THIRD_PARTY = {"numpy", "matplotlib", "simpy"}
+
+# What each top-level package may import from the project (besides itself).
+ALLOWED_PROJECT_DEPS: dict[str, set[str]] = {
+    "core": set(),
+    "sim": {"core"},
+    "managers": {"core"},
+    "agent": {"managers", "core"},
+    "backends": {"agent", "managers", "core"},
+    "runtime": {"agent", "backends", "managers", "core"},
+    "client": {"runtime", "agent", "backends", "managers", "core"},
+    "api": {"runtime", "client", "agent", "backends", "managers", "core"},
+    "bench": {"runtime", "client", "agent", "backends", "managers", "core", "sim"},
+    "cli": {"runtime", "client", "agent", "backends", "managers", "core", "sim", "bench", "api"},
+    "": {"core"},  # the package's own __init__
+}
+LAYERS = set(ALLOWED_PROJECT_DEPS) - {""}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool) -> set[str]:
+    """Absolute names of every module imported anywhere in ``source`` (relative ones resolved)."""
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found.add(prefix)
+            # ``from arl_tangram import sim`` imports the subpackage (``__version__`` is a name)
+            found.update(f"{prefix}.{a.name}" for a in node.names if prefix == "arl_tangram" and a.name in LAYERS)
+    return found
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return ""
+    return parts[1]
+
+
+def violations_of(module: str, imported: set[str]) -> list[str]:
+    layer = layer_of(module)
+    out: list[str] = []
+    stdlib = sys.stdlib_module_names
+    for name in sorted(imported):
+        top = name.split(".")[0]
+        if top == "arl_tangram":
+            target = layer_of(name)
+            if target in ("", layer) or target in ALLOWED_PROJECT_DEPS.get(layer, set()):
+                continue
+            out.append(f"{module} imports {name} ({layer or 'arl_tangram'} -> {target} breaks the direction)")
+            continue
+        if top == "__future__":
+            continue
+        if layer == "core":
+            if top in CORE_FORBIDDEN_MODULES:
+                out.append(f"{module} imports {name} (core is sans-I/O)")
+            elif top not in stdlib and top not in CORE_ALLOWED_THIRD_PARTY:
+                out.append(f"{module} imports third-party {name}")
+        elif layer == "sim" and top not in stdlib and top not in SIM_ALLOWED_THIRD_PARTY:
+            out.append(f"{module} imports third-party {name} (sim: stdlib, numpy, matplotlib)")
+    return out
+
+
+def all_modules() -> list[tuple[str, Path]]:
+    return sorted((module_name(p), p) for p in PKG.rglob("*.py"))
+
+
+def test_the_source_tree_is_found() -> None:
+    names = {m for m, _ in all_modules()}
+    assert {"arl_tangram.core.scheduler", "arl_tangram.sim.runner", "arl_tangram.cli"} <= names
+    assert len(names) > 30
+
+
+def test_dependency_direction() -> None:
+    problems: list[str] = []
+    for module, path in all_modules():
+        imported = imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+        problems += violations_of(module, imported)
+    assert not problems, "\n".join(problems)
+
+
+def test_nothing_imports_bench_or_cli() -> None:
+    problems = []
+    for module, path in all_modules():
+        if layer_of(module) in ("cli", "bench"):
+            continue
+        for name in imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
+            if name.startswith(("arl_tangram.bench", "arl_tangram.cli")):
+                problems.append(f"{module} imports {name}")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "complaint"),
+    [
+        ("arl_tangram.core.x", "import asyncio\n", "sans-I/O"),
+        ("arl_tangram.core.x", "def f():\n    import time\n", "sans-I/O"),
+        ("arl_tangram.core.x", "from os import path\n", "sans-I/O"),
+        ("arl_tangram.core.x", "from arl_tangram.sim import runner\n", "core -> sim"),
+        ("arl_tangram.core.policies.x", "from ...sim.engine import EventQueue\n", "core -> sim"),
+        ("arl_tangram.core.x", "import torch\n", "third-party"),
+        ("arl_tangram.sim.x", "from arl_tangram.managers.gpu import GpuManager\n", "sim -> managers"),
+        ("arl_tangram.sim.x", "import torch\n", "third-party"),
+        ("arl_tangram.managers.cpu.x", "from arl_tangram.runtime import loop\n", "managers -> runtime"),
+        ("arl_tangram.managers.cpu.x", "from arl_tangram import sim\n", "managers -> sim"),
+        ("arl_tangram.runtime.x", "import arl_tangram.cli\n", "runtime -> cli"),
+        ("arl_tangram.api.x", "from arl_tangram.bench import cpu\n", "api -> bench"),
+    ],
+)
+def test_the_checker_catches_violations(module: str, source: str, complaint: str) -> None:
+    is_package = False
+    found = violations_of(module, imports_of(source, module, is_package))
+    assert any(complaint in v for v in found), found
+
+
+def test_the_checker_allows_the_direction() -> None:
+    ok = [
+        ("arl_tangram.core.policies.x", "from ..state import StateEditor\nimport math, heapq\nimport numpy as np\n"),
+        ("arl_tangram.sim.x", "import os, time, multiprocessing\nimport numpy\nfrom arl_tangram.core import ledger\n"),
+        ("arl_tangram.managers.gpu.x", "import torch\nfrom arl_tangram.core.chunks import free_chunks\n"),
+        ("arl_tangram.cli", "from arl_tangram.bench import cpu\n"),
+    ]
+    for module, source in ok:
+        assert violations_of(module, imports_of(source, module, False)) == [], module
