@@ -19,7 +19,7 @@ from arl_tangram.core.policies.waterfill import Claim, allocate
 # wide action free its cores, few enough to keep a round's cost bounded.
 MAX_LOOKAHEAD_RELEASES = 16
 # How much of a pool's backlog the estimate charges deferrals for.
-MAX_BACKLOG = 8
+MAX_BACKLOG = 32
 
 
 @dataclass(frozen=True)
