@@ -128,8 +128,17 @@ def releases_on(ed: StateEditor, node_id: str) -> list[tuple[float, int]]:
 
 
 def start_pools(
-    ed: StateEditor, pools: Pools, cause: str, depth: int, fixed_dop: int | None, evict: bool, aging_s: float = float("inf")
+    ed: StateEditor,
+    pools: Pools,
+    cause: str,
+    depth: int,
+    fixed_dop: int | None,
+    evict: bool,
+    aging_s: float = float("inf"),
+    tries: int = 8,
 ) -> list[Decision]:
+    """Start each touched node's candidates: fixed DoP, or water-filled with up to ``tries``
+    greedy deferrals (``evict``)."""
     decisions: list[Decision] = []
     for node_id in sorted(pools.candidates):
         if evict and not ed.is_touched(node_id):
@@ -141,7 +150,7 @@ def start_pools(
         if evict:
             backlog = [claim_of(ed, qa, fixed_dop) for qa in pools.backlog.get(node_id, [])]
             deferrable = [ed.now_s - qa.submitted_s < aging_s for qa in cands]
-            plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, depth, backlog, deferrable)
+            plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, tries, backlog, deferrable)
             chosen, dops = plan.start, plan.dops
             reason = f"elastic: water-filled over {len(cands)} candidates, {plan.evictions} deferred"
         else:
