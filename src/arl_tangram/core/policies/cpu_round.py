@@ -34,12 +34,7 @@ def is_cpu_action(qa: QueuedAction) -> bool:
 
 
 def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], need_mc: int, need_mem: int) -> str | None:
-    spec = qa.spec
-    if spec.binding.kind == "env":
-        env = ed.envs.get(spec.binding.name)
-        if env is None or not env.ready or env.node_id not in free:
-            return None
-        return env.node_id
+    """The node with the most free cores that fits an action bound to no env."""
     best = None
     for node_id in sorted(free):
         f = free[node_id]
@@ -62,16 +57,26 @@ def collect(
     free = {n: [f.free_millicores, f.free_mem_bytes] for n, f in ed.cpu.items()}
     reserved: set[str] = set()
     taken = scanned = 0
-    for qa in ed.queue_cpu.values():
+    envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
+    for qa in ed.queue_cpu.values():  # the hot loop of a round: kept lean on purpose
         scanned += 1
         if scanned > scan_limit:
             break
-        if qa.spec.binding.kind == "env" and not ed.is_touched(ed.envs[qa.spec.binding.name].node_id or ""):
-            continue  # its node's plan from an earlier round stands
-        need = qa.spec.demand_at(dop_of(qa))
-        node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
-        if node_id is None:
-            continue  # its env is not ready yet
+        spec = qa.spec
+        if spec.binding.kind == "env":
+            env = envs.get(spec.binding.name)
+            if env is None or not env.ready or env.node_id not in free:
+                continue  # its env is not ready yet
+            node_id: str | None = env.node_id
+            if not every_node and node_id not in touched:
+                continue  # its node's plan from an earlier round stands
+            need = spec.demand_at(dop_of(qa))
+        else:
+            need = spec.demand_at(dop_of(qa))
+            node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
+            if node_id is None:
+                continue
+        assert node_id is not None
         f = free[node_id]
         fits = f[0] >= need.cpu_millicores and f[1] >= need.mem_bytes
         if fits and node_id not in reserved and taken < depth:

@@ -46,24 +46,30 @@ def estimate_objective(
     total = 0.0
     heap = list(releases)
     for c, m in zip(claims, dops, strict=True):
-        d = c.duration(m)
+        d = c.durations[m - c.dop_min]
         total += d
         heap.append((now + d, m * c.unit_cost))
     heapq.heapify(heap)
     t = now
+    pop, push = heapq.heappop, heapq.heappush
     for c in waiting:
-        while free < c.dop_min * c.unit_cost and heap:
-            at, units = heapq.heappop(heap)
-            t = max(t, at)
+        cost, lo = c.unit_cost, c.dop_min
+        need = lo * cost
+        while free < need and heap:
+            at, units = pop(heap)
+            if at > t:
+                t = at
             free += units
-        if free < c.dop_min * c.unit_cost:
+        if free < need:
             return float("inf")  # can never start in this pool: treat as unbounded
         t, free = _best_start(c, t, free, heap)
-        m = min(c.dop_max, free // c.unit_cost)
-        d = c.duration(m)
+        m = free // cost
+        if m > c.dop_max:
+            m = c.dop_max
+        d = c.durations[m - lo]
         total += (t - now) + d
-        free -= m * c.unit_cost
-        heapq.heappush(heap, (t + d, m * c.unit_cost))
+        free -= m * cost
+        push(heap, (t + d, m * cost))
     return total
 
 
@@ -73,20 +79,28 @@ def _best_start(c: Claim, t: float, free: int, heap: list[tuple[float, int]]) ->
     Waiting for a few more releases can beat starting at once on scraps; the releases it
     waits for are consumed from ``heap`` (the claim takes them), later ones stay.
     """
-    best_end = t + c.duration(min(c.dop_max, free // c.unit_cost))
-    best = (t, free, 0)
+    cost, lo, hi, durations = c.unit_cost, c.dop_min, c.dop_max, c.durations
+    full = hi * cost
+    if free >= full or not heap:
+        return t, free  # already gets all it can use, or nothing will ever free
+    best_end = t + durations[min(hi, free // cost) - lo]
+    best_t, best_free, best_n = t, free, 0
     popped: list[tuple[float, int]] = []
+    pop = heapq.heappop
     cur_t, cur_free = t, free
-    while heap and cur_free < c.dop_max * c.unit_cost and len(popped) < MAX_LOOKAHEAD_RELEASES:
-        at, units = heapq.heappop(heap)
-        popped.append((at, units))
-        cur_t, cur_free = max(cur_t, at), cur_free + units
-        end = cur_t + c.duration(min(c.dop_max, cur_free // c.unit_cost))
+    while heap and cur_free < full and len(popped) < MAX_LOOKAHEAD_RELEASES:
+        item = pop(heap)
+        popped.append(item)
+        at, units = item
+        if at > cur_t:
+            cur_t = at
+        cur_free += units
+        end = cur_t + durations[min(hi, cur_free // cost) - lo]
         if end < best_end - 1e-12:
-            best_end, best = end, (cur_t, cur_free, len(popped))
-    for item in popped[best[2]:]:
+            best_end, best_t, best_free, best_n = end, cur_t, cur_free, len(popped)
+    for item in popped[best_n:]:
         heapq.heappush(heap, item)
-    return best[0], best[1]
+    return best_t, best_free
 
 
 def plan_pool(
