@@ -7,17 +7,19 @@ The paper's formulation: with ``m`` units of the key resource an action takes
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
 
 from arl_tangram.core.errors import SpecError
 
 
-class ElasticityModel:
+class ElasticityModel(abc.ABC):
     """Interface: ``speedup(m)`` for integer ``m >= 1``; ``speedup(1) == 1`` by convention."""
 
-    def speedup(self, dop: int) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def speedup(self, dop: int) -> float:
+        """E(m) · m: how many times faster than on one unit."""
 
     def duration_s(self, t_ori_s: float, dop: int) -> float:
         return t_ori_s / self.speedup(dop)

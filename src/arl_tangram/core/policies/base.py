@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import abc
+
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.state import StateEditor
 
 
-class Policy:
+class Policy(abc.ABC):
     """A scheduling policy. Called by ``Scheduler`` only; changes state through ``ledger``.
 
     ``bootstrap`` runs once on an empty cluster (static deployments); ``schedule`` runs every
@@ -19,8 +21,9 @@ class Policy:
     def bootstrap(self, ed: StateEditor) -> list[Decision]:
         return []
 
-    def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
+        """Decisions for this round; changes ``ed`` only through ``ledger``."""
 
     def wake_at(self, ed: StateEditor) -> float | None:
         return None
