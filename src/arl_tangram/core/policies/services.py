@@ -9,6 +9,7 @@ bootstrap; its actions queue for them and nothing is shared.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Mapping
 
@@ -75,10 +76,18 @@ def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps
     projected: dict[str, list[float]] = {}  # service -> projected free times of its busy replicas
     no_room: set[int] = set()  # chunk sizes found impossible this round (allocations only shrink room)
     share = _fair_share(ed)
+    backlog = collections.Counter(qa.spec.binding.name for qa in ed.queue_service.values())
     for qa in list(itertools.islice(ed.queue_service.values(), depth)):
         name = qa.spec.binding.name
         lo, hi = _bounds(ed, qa)
         rep = _idle_replica(ed, name, lo, hi)
+        if rep is not None and _should_reshard(rep, share, lo, backlog[name]):
+            # A wide idle replica under a deep backlog: narrower replicas on the same devices
+            # serve more requests per second (parallel efficiency < 1). Re-restore narrower.
+            decisions.append(ledger.evict_replica(ed, rep.replica_id, "EoE: reshard narrower for a backlog", cause))
+            no_room.clear()
+            rep = None
+        backlog[name] -= 1
         if rep is not None:
             decisions.append(ledger.start_action(ed, qa, rep.node_id, rep.size, "EoE: resident replica", cause, replica_id=rep.replica_id))
             continue
@@ -90,6 +99,12 @@ def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps
         if not _restore(ed, qa, frees, no_room, share, host_to_device_gbps, cause, decisions) and frees:
             frees.pop(0)  # this action is projected onto the earliest busy replica
     return decisions
+
+
+def _should_reshard(rep: Replica, share: int, lo: int, waiting: int) -> bool:
+    """True if ``rep`` is wider than the fair share and the backlog would fill its devices
+    with narrower replicas (so no device sits idle after the split)."""
+    return not rep.pinned and rep.ready and lo <= share < rep.size and waiting >= rep.size // share
 
 
 def _restore(

@@ -31,7 +31,7 @@ class DeepSearchParams:
     provider_rate_per_s: float = 200.0  # assumption: the provider key's limit (PAPER: limits far below batch × group size)
     provider_concurrency: int = 400  # assumption
     judge_t_ori_s: float = 0.8  # assumption: judge scoring (prefill-heavy, short output) on one GPU; ~0.3 s on 4
-    judge_weight_bytes: int = 120 * GB  # assumption: GPT-OSS-120B class judge, bf16-ish
+    judge_weight_bytes: int = 65 * GB  # GPT-OSS-120B ships MXFP4 weights of about 65 GB (fits one 80 GB GPU)
     judge_replicas: int = 4  # assumption: the static judge deployment, replicas × devices (16 GPUs, two nodes)
     judge_devices: int = 4
     sigma: float = 0.4  # assumption: lognormal spread of durations
