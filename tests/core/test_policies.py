@@ -152,6 +152,34 @@ def test_elastic_gpu_restore_then_resident_then_evict() -> None:
     assert d.state.gpu["gpu-0"] == 0xFF
 
 
+def test_elastic_gpu_reshards_a_wide_idle_replica_under_a_backlog() -> None:
+    """A TP-4 replica left idle while four requests queue is split into four TP-1 replicas."""
+    services = {"s1": make_service("s1", devices_max=4)}
+    d = Driver.of("elastic", make_cluster(cpu_nodes=0, gpu_nodes=1, gpus_per_node=4, services=services))
+    r = d.step([ActionSubmitted(make_action("g0", service="s1", dop_max=4, t_ori_s=2.0))])
+    (wide,) = of_type(r.decisions, LoadService)
+    assert wide.size == 4
+    d.ready_everything(now=0.5)
+    d.finish("g0", now=1.0)
+    r = d.step([ActionSubmitted(make_action(f"g{i}", service="s1", dop_max=4, t_ori_s=2.0)) for i in range(1, 5)], now=2.0)
+    assert [e.replica_id for e in of_type(r.decisions, EvictService)] == [wide.replica_id]
+    loads = of_type(r.decisions, LoadService)
+    assert sorted((x.offset, x.size) for x in loads) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert {s.action_id for s in of_type(r.decisions, StartAction)} == {"g1", "g2", "g3", "g4"}
+
+
+def test_elastic_gpu_keeps_a_wide_replica_for_a_single_request() -> None:
+    services = {"s1": make_service("s1", devices_max=4)}
+    d = Driver.of("elastic", make_cluster(cpu_nodes=0, gpu_nodes=1, gpus_per_node=4, services=services))
+    d.step([ActionSubmitted(make_action("g0", service="s1", dop_max=4))])
+    d.ready_everything(now=0.5)
+    d.finish("g0", now=1.0)
+    r = d.step([ActionSubmitted(make_action("g1", service="s1", dop_max=4))], now=2.0)
+    assert not of_type(r.decisions, EvictService) and not of_type(r.decisions, LoadService)
+    (start,) = of_type(r.decisions, StartAction)
+    assert start.dop == 4
+
+
 def test_elastic_gpu_never_evicts_a_busy_replica() -> None:
     services = {"s1": make_service("s1", devices_min=8, devices_max=8), "s2": make_service("s2")}
     d = Driver.of("elastic", make_cluster(cpu_nodes=0, gpu_nodes=1, services=services))
