@@ -100,6 +100,7 @@ def test_files_never_follow_sandbox_symlinks(manager: CpuManager, sandbox: str, 
     [
         ({"cores": 0}, "cores"),
         ({"cores": -2}, "cores"),
+        ({"cores": 4096}, "cores: must be <= the"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"env": {"A=B": "x"}}, "env"),
         ({"cwd": "../../etc"}, "cwd"),

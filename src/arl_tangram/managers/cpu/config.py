@@ -60,9 +60,13 @@ def _positive_int(field_name: str, value: object, minimum: int) -> None:
         raise InvalidRequestError(field_name, f"must be an integer >= {minimum}", value)
 
 
-def validate_cores(cores: object) -> int:
+def validate_cores(cores: object, host_cpus: int | None = None) -> int:
+    """A grant of whole cores, at least 1 and (given ``host_cpus``) at most the usable cpus:
+    a wider grant could not be backed by distinct cpus, and ``nproc`` could not report it."""
     _positive_int("cores", cores, minimum=1)
     assert isinstance(cores, int)
+    if host_cpus is not None and cores > host_cpus:
+        raise InvalidRequestError("cores", f"must be <= the {host_cpus} usable cpus of this node", cores)
     return cores
 
 

@@ -235,7 +235,7 @@ class CpuManager:
     # -- Allocate-on-Execution ----------------------------------------------------------
     def grant(self, sandbox_id: str, cores: int) -> Grant:
         """Give the sandbox ``cores`` cores now (thaw, quota, cpuset). Pair with ``reclaim``."""
-        cores = validate_cores(cores)
+        cores = validate_cores(cores, len(self.topology.cpus))
         sb = self.get_sandbox(sandbox_id)
         with self._lock:
             cpus = self._cores.acquire(cores)
@@ -288,7 +288,7 @@ class CpuManager:
         granted for its duration. ``TANGRAM_DOP`` is set to ``cores`` and the cpuset makes
         ``nproc`` report it. ``env`` extends the sandbox's base environment."""
         argv = validate_command(command)
-        cores = validate_cores(cores)
+        cores = validate_cores(cores, len(self.topology.cpus))
         req = ActionRequest(
             argv=argv, env={**validate_env(env), "TANGRAM_DOP": str(cores)}, cwd=self._cwd(cwd),
             stdin=validate_stdin(stdin), timeout_s=validate_timeout(timeout_s),
@@ -391,7 +391,7 @@ class CpuManager:
         command's processes (the session's background jobs too) and keeps the shell."""
         if not isinstance(command, str) or "\0" in command:
             raise InvalidRequestError("command", "must be a string without NUL bytes", command)
-        return self.sessions.run(session_id, command, validate_cores(cores), validate_timeout(timeout_s), self._cap(max_output_bytes), cancel)
+        return self.sessions.run(session_id, command, validate_cores(cores, len(self.topology.cpus)), validate_timeout(timeout_s), self._cap(max_output_bytes), cancel)
 
     def close_session(self, session_id: str) -> None:
         self.sessions.close(session_id)
