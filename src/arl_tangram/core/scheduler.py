@@ -58,6 +58,9 @@ class Scheduler:
         for event in events:
             cause = describe(event)
             decisions.extend(self._apply(ed, event, cause))
+        if len(events) > 1:
+            # The policy decides once for the whole round: its decisions name the round.
+            cause = f"{cause} (+{len(events) - 1} more events this round)"
         decisions.extend(self.policy.schedule(ed, cause))
         return StepResult(ed.freeze(), tuple(decisions), self.policy.wake_at(ed))
 
