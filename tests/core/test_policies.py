@@ -117,7 +117,7 @@ def test_k8s_pod_runs_one_action_at_a_time() -> None:
     d.add_ready_env(make_env("e0"))
     r = d.step([ActionSubmitted(make_action("a", env="e0")), ActionSubmitted(make_action("b", env="e0"))])
     assert [s.action_id for s in of_type(r.decisions, StartAction)] == ["a"]
-    assert d.state.envs["e0"].busy_action == "a"
+    assert d.state.env_busy["e0"] == ("a",)
     r = d.finish("a", now=1.0)
     assert [s.action_id for s in of_type(r.decisions, StartAction)] == ["b"]
 

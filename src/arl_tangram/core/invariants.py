@@ -73,6 +73,16 @@ def _check_quota(state: ClusterState) -> None:
             _fail(f"quota {pool.provider}: free tokens {q.free_tokens} inconsistent or negative")
 
 
+def _check_env_busy(state: ClusterState) -> None:
+    for env_id, actions in state.env_busy.items():
+        if not actions:
+            _fail(f"env {env_id}: empty busy entry")
+        for a in actions:
+            run = state.running.get(a)
+            if run is None or run.spec.binding.name != env_id:
+                _fail(f"env {env_id}: busy with {a}, which is not running there")
+
+
 def _check_actions(state: ClusterState) -> None:
     if set(state.queued()) & set(state.running):
         _fail("an action is both queued and running")
@@ -89,3 +99,4 @@ def validate(state: ClusterState) -> None:
     _check_gpu(state)
     _check_quota(state)
     _check_actions(state)
+    _check_env_busy(state)

@@ -72,8 +72,8 @@ def start_action(
     )
     del ed.w(lane_of(spec.binding.kind))[spec.action_id]
     if spec.binding.kind == "env":
-        env = ed.envs[spec.binding.name]
-        ed.w("envs")[env.spec.env_id] = replace(env, busy_action=spec.action_id)
+        env_id = spec.binding.name
+        ed.w("env_busy")[env_id] = ed.env_busy.get(env_id, ()) + (spec.action_id,)
     if replica_id is not None:
         rep = ed.replicas[replica_id]
         ed.w("replicas")[replica_id] = replace(rep, busy_action=spec.action_id, last_used_s=ed.now_s)
@@ -90,9 +90,13 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
         ed.give_cpu(run.node_id, run.grant, run.numa_millicores)
     if run.spec.binding.kind == "api" and run.grant.quota_tokens:
         ed.give_quota(run.spec.binding.name, run.grant.quota_tokens)
-    env = ed.envs.get(run.spec.binding.name) if run.spec.binding.kind == "env" else None
-    if env is not None and env.busy_action == action_id:
-        ed.w("envs")[env.spec.env_id] = replace(env, busy_action=None)
+    if run.spec.binding.kind == "env":
+        env_id = run.spec.binding.name
+        left = tuple(a for a in ed.env_busy.get(env_id, ()) if a != action_id)
+        if left:
+            ed.w("env_busy")[env_id] = left
+        else:
+            ed.w("env_busy").pop(env_id, None)
     rep = ed.replicas.get(run.replica_id) if run.replica_id else None
     if rep is not None and rep.busy_action == action_id:
         ed.w("replicas")[rep.replica_id] = replace(rep, busy_action=None, last_used_s=ed.now_s)

@@ -117,13 +117,14 @@ class Scheduler:
     def _lose_node(self, ed: StateEditor, node_id: str, cause: str) -> list[Decision]:
         decisions: list[Decision] = []
         ed.touch(None)
+        # Its running actions are gone with it (their managers report them as errors).
+        for aid in sorted(a for a, run in ed.running.items() if run.node_id == node_id):
+            ledger.finish_action(ed, aid, None)
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
             ledger.release_env(ed, env_id)
             decisions.extend(self._reject_bound(ed, "env", env_id, f"node {node_id} was lost", cause))
         for rid in sorted(r for r, rep in ed.replicas.items() if rep.node_id == node_id):
             del ed.w("replicas")[rid]
-        for aid in sorted(a for a, run in ed.running.items() if run.node_id == node_id):
-            del ed.w("running")[aid]
         ed.w("cpu").pop(node_id, None)
         ed.w("gpu").pop(node_id, None)
         return decisions

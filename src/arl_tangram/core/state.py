@@ -48,7 +48,6 @@ class EnvState:
     held: ResourceVector = ZERO
     held_numa: tuple[int, ...] = ()  # millicores of ``held`` per NUMA domain, returned on release
     ready: bool = False
-    busy_action: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +78,7 @@ class QuotaFree:
 
 
 _TABLES = (
-    "cpu", "gpu", "quota", "envs", "env_queue", "replicas",
+    "cpu", "gpu", "quota", "envs", "env_queue", "env_busy", "replicas",
     "queue_cpu", "queue_service", "queue_api", "running", "estimates",
 )
 
@@ -100,6 +99,9 @@ class ClusterState:
     quota: Mapping[str, QuotaFree] = field(default_factory=dict)
     envs: Mapping[str, EnvState] = field(default_factory=dict)
     env_queue: Mapping[str, int] = field(default_factory=dict)  # envs awaiting placement -> seq (FCFS)
+    # env -> its running actions. Kept apart from ``envs`` so that starting and finishing
+    # actions copies a table as large as the running set, not one as large as every env.
+    env_busy: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     replicas: Mapping[str, Replica] = field(default_factory=dict)
     queue_cpu: Mapping[str, QueuedAction] = field(default_factory=dict)  # env / unbound; insertion order = FCFS
     queue_service: Mapping[str, QueuedAction] = field(default_factory=dict)  # GPU service actions
@@ -135,6 +137,7 @@ class StateEditor:
     quota: Mapping[str, QuotaFree]
     envs: Mapping[str, EnvState]
     env_queue: Mapping[str, int]
+    env_busy: Mapping[str, tuple[str, ...]]
     replicas: Mapping[str, Replica]
     queue_cpu: Mapping[str, QueuedAction]
     queue_service: Mapping[str, QueuedAction]

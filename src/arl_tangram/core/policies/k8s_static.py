@@ -38,7 +38,7 @@ class K8sStaticPolicy(Policy):
             if spec.binding.kind != "env":
                 continue
             env = ed.envs.get(spec.binding.name)
-            if env is None or not env.ready or env.busy_action is not None:
+            if env is None or not env.ready or spec.binding.name in ed.env_busy:
                 continue
             dop = min(max(pod_cores, spec.dop_min), spec.dop_max) if spec.key is ResourceKind.CPU else spec.dop_min
             assert env.node_id is not None
