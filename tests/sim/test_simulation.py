@@ -156,7 +156,7 @@ def _tiny_paper_rows() -> list[dict[str, Any]]:
         (RunSpec("coding", "ideal", "coding", coding, "ideal", {}, "ideal", cpu_nodes=1, cores_per_node=24 * 64), cb),
         (RunSpec("deepsearch", "arl-tangram", "deepsearch", {"batch": 10}, "elastic", gpus=8), None),
         (RunSpec("deepsearch", "static+client-backoff", "deepsearch", {"batch": 10}, "task-pool", {"deployments": {"judge": (2, 4)}}, gpus=8), None),
-        (RunSpec("mopd", "sglang-static", "mopd", mopd, "task-pool", {"deployments": mopd_deployments(mopd)}, gpus=16), mb),
+        (RunSpec("mopd", "sglang-static-1x4", "mopd", mopd, "task-pool", {"deployments": mopd_deployments(mopd)}, gpus=16), mb),
         (RunSpec("mopd", "arl-tangram@4", "mopd", mopd, "elastic", gpus=4), mb),
         (RunSpec("mopd", "arl-tangram@8", "mopd", mopd, "elastic", gpus=8), mb),
     ]
@@ -220,8 +220,8 @@ def test_paper_specs_are_at_the_papers_scale() -> None:
     coding = [s for s in specs if s.experiment == "coding" and s.label == "arl-tangram"]
     assert sorted(s.workload_params["batch"] for s in coding) == sorted(paper.SWEEP_BATCHES)
     assert all(s.cpu_nodes == 15 and s.cores_per_node == 256 for s in coding)
-    mopd_static = [s for s in specs if s.experiment == "mopd" and s.label == "sglang-static"]
-    assert sorted(s.workload_params["batch"] for s in mopd_static) == [2048, 3072]
+    mopd_static = [s for s in specs if s.experiment == "mopd" and s.label.startswith("sglang-static")]
+    assert sorted(s.workload_params["batch"] for s in mopd_static) == [2048] * 3 + [3072] * 3  # 1x4, 2x2, 4x1
     assert all(s.gpus == 40 for s in mopd_static)
     ds = [s for s in specs if s.experiment == "deepsearch"]
     assert all(s.workload_params["batch"] == 2048 for s in ds)

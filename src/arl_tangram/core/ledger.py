@@ -22,6 +22,22 @@ from arl_tangram.core.resources import ZERO, ResourceVector
 from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor, lane_of
 
 DEFAULT_T_ORI_S = 1.0  # prior for an action kind never seen and given no estimate
+DEMAND_HALF_LIFE_S = 60.0  # how fast a service's request count forgets: a minute of RL rollout
+
+
+def _decayed(value: float, since_s: float, now_s: float) -> float:
+    return value * 0.5 ** (max(0.0, now_s - since_s) / DEMAND_HALF_LIFE_S)
+
+
+def note_service_request(ed: StateEditor, service: str) -> None:
+    """Count one request to ``service`` in its decayed demand (for eviction choices)."""
+    value, since = ed.service_demand.get(service, (0.0, ed.now_s))
+    ed.w("service_demand")[service] = (_decayed(value, since, ed.now_s) + 1.0, ed.now_s)
+
+
+def service_demand(ed: StateEditor, service: str) -> float:
+    value, since = ed.service_demand.get(service, (0.0, ed.now_s))
+    return _decayed(value, since, ed.now_s)
 
 
 def estimated_t_ori(ed: StateEditor, qa: QueuedAction) -> float:

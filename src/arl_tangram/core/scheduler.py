@@ -106,6 +106,8 @@ class Scheduler:
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
         ed.w(lane_of(spec.binding.kind))[spec.action_id] = QueuedAction(spec, ed.now_s, ed.next_seq())
+        if spec.binding.kind == "service":
+            ledger.note_service_request(ed, spec.binding.name)
         ed.touch(ed.envs[spec.binding.name].node_id if spec.binding.kind == "env" else None)
         return []
 

@@ -79,7 +79,7 @@ class QuotaFree:
 
 _TABLES = (
     "cpu", "gpu", "quota", "envs", "env_queue", "env_busy", "replicas",
-    "queue_cpu", "queue_service", "queue_api", "running", "estimates",
+    "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
 )
 
 
@@ -108,6 +108,8 @@ class ClusterState:
     queue_api: Mapping[str, QueuedAction] = field(default_factory=dict)  # API quota actions
     running: Mapping[str, Running] = field(default_factory=dict)
     estimates: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (n, mean T_ori)
+    # service -> (exponentially decayed count of its requests, when it was last decayed)
+    service_demand: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -144,6 +146,7 @@ class StateEditor:
     queue_api: Mapping[str, QueuedAction]
     running: Mapping[str, Running]
     estimates: Mapping[str, tuple[int, float]]
+    service_demand: Mapping[str, tuple[float, float]]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec

@@ -143,6 +143,9 @@ def _cost_hint(spec: RunSpec) -> float:
     return batch * weight * (2.0 if spec.policy == "elastic" else 1.0)
 
 
-def mopd_deployments(params: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def mopd_deployments(params: dict[str, Any], replica_devices: int | None = None) -> dict[str, tuple[int, int]]:
+    """Each teacher's dedicated GPUs (PAPER: 4), split into replicas of ``replica_devices``
+    (default: one replica over all of them)."""
     p = MopdParams(**params)
-    return {name: (1, p.devices_per_teacher) for name in teacher_names(p)}
+    size = replica_devices or p.devices_per_teacher
+    return {name: (p.devices_per_teacher // size, size) for name in teacher_names(p)}

@@ -40,10 +40,14 @@ def _idle_replica(ed: StateEditor, service: str, lo: int, hi: int) -> Replica | 
 def _evictable_block(ed: StateEditor, size: int) -> tuple[str, int, list[Replica]] | None:
     """An aligned block of ``size`` freed by evicting only idle, unpinned replicas.
 
-    Prefers the block that evicts the fewest devices, then the least recently used ones. A
-    larger replica spanning the block may be evicted whole.
+    Prefers the block that evicts the fewest devices, then the replicas whose service has
+    the least recent demand per resident replica (plain LRU would evict a hot teacher that
+    happens to be idle for a moment to serve a cold one, then restore it again), then the
+    least recently used. A larger replica spanning the block may be evicted whole.
     """
-    best: tuple[tuple[int, float], str, int, list[Replica]] | None = None
+    resident = collections.Counter(r.service for r in ed.replicas.values())
+    worth = {s: ledger.service_demand(ed, s) / n for s, n in resident.items()}
+    best: tuple[tuple[int, float, float], str, int, list[Replica]] | None = None
     for node in ed.spec.gpu_nodes:
         if node.node_id not in ed.gpu or size > node.devices:
             continue
@@ -53,7 +57,11 @@ def _evictable_block(ed: StateEditor, size: int) -> tuple[str, int, list[Replica
             inside = [r for r in on_node if chunk_mask(r.offset, r.size) & mask]
             if any(r.busy_action is not None or r.pinned for r in inside):
                 continue
-            key = (sum(r.size for r in inside), max((r.last_used_s for r in inside), default=0.0))
+            key = (
+                sum(r.size for r in inside),
+                sum(worth[r.service] for r in inside),
+                max((r.last_used_s for r in inside), default=0.0),
+            )
             if best is None or key < best[0]:
                 best = (key, node.node_id, offset, inside)
     return None if best is None else best[1:]
@@ -101,6 +109,18 @@ def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps
     return decisions
 
 
+def _worth_stealing(ed: StateEditor, service: str, victims: list[Replica]) -> bool:
+    """True if one more replica of ``service`` is worth more than the replicas it would evict.
+
+    Worth is recent demand per resident replica. Without this, a service that merely has to
+    wait a little grabs the replicas of a hotter one, which must then be restored again.
+    """
+    resident = collections.Counter(r.service for r in ed.replicas.values())
+    mine = ledger.service_demand(ed, service) / (resident[service] + 1)
+    theirs = sum(ledger.service_demand(ed, v.service) / resident[v.service] for v in victims)
+    return mine > theirs
+
+
 def _should_reshard(rep: Replica, share: int, lo: int, waiting: int) -> bool:
     """True if ``rep`` is wider than the fair share and the backlog would fill its devices
     with narrower replicas (so no device sits idle after the split)."""
@@ -141,6 +161,8 @@ def _restore(
                 no_room.add(size)
                 continue
             node_id, offset, victims = block
+            if frees and not _worth_stealing(ed, name, victims):
+                continue  # it can wait for its own busy replica rather than evict a hotter service
             decisions.extend(ledger.evict_replica(ed, v.replica_id, "EoE: LRU idle, space needed", cause) for v in victims)
             spot = (node_id, offset)
         new, load = ledger.load_replica(ed, name, spot[0], spot[1], size, "EoE: swap in from host memory", cause)
@@ -150,11 +172,21 @@ def _restore(
     return False
 
 
+ACTIVE_DEMAND = 0.5  # decayed requests above which a service counts as in use
+
+
 def _fair_share(ed: StateEditor) -> int:
-    """Devices per waiting service action if the free and evictable ones were split evenly."""
+    """Devices a restore may take: the free and evictable devices split evenly over the
+    waiting service actions, and no more than the pool split over the services in use.
+
+    The second bound keeps one busy service from restoring wide replicas that the other
+    services' next requests would only evict again.
+    """
     available = sum(node.devices - bin(ed.gpu.get(node.node_id, 0)).count("1") for node in ed.spec.gpu_nodes)
     available += sum(r.size for r in ed.replicas.values() if r.busy_action is None and not r.pinned)
-    share = max(1, available // max(1, len(ed.queue_service)))
+    total = sum(node.devices for node in ed.spec.gpu_nodes if node.node_id in ed.gpu)
+    active = sum(1 for s in ed.service_demand if ledger.service_demand(ed, s) >= ACTIVE_DEMAND)
+    share = max(1, min(available // max(1, len(ed.queue_service)), total // max(1, active)))
     return 1 << (share.bit_length() - 1)
 
 
