@@ -20,7 +20,13 @@ from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceKind, ResourceVector
 from arl_tangram.core.scheduler import Scheduler, StepResult
 from arl_tangram.core.state import ClusterState
-from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaPoolSpec
+from arl_tangram.core.topology import (
+    ClusterSpec,
+    CpuNodeSpec,
+    GpuNodeSpec,
+    QuotaPoolSpec,
+    split_numa,
+)
 
 GIB = 1 << 30
 MC = MILLICORES_PER_CORE
@@ -36,8 +42,7 @@ def make_cluster(
     quota_pools: Sequence[QuotaPoolSpec] = (),
     services: Mapping[str, ServiceSpec] | None = None,
 ) -> ClusterSpec:
-    per = cores // numa
-    numa_cores = tuple([per] * (numa - 1) + [cores - per * (numa - 1)])
+    numa_cores = split_numa(cores, numa)
     return ClusterSpec(
         cpu_nodes=tuple(CpuNodeSpec(f"cpu-{i}", numa_cores, mem_bytes) for i in range(cpu_nodes)),
         gpu_nodes=tuple(GpuNodeSpec(f"gpu-{i}", gpus_per_node) for i in range(gpu_nodes)),

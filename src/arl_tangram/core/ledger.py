@@ -18,7 +18,7 @@ from arl_tangram.core.decisions import (
     RejectAction,
     StartAction,
 )
-from arl_tangram.core.resources import ZERO, ResourceVector
+from arl_tangram.core.resources import ResourceVector
 from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor, lane_of
 
 DEFAULT_T_ORI_S = 1.0  # prior for an action kind never seen and given no estimate
@@ -172,7 +172,6 @@ def reject(ed: StateEditor, action_id: str, reason: str, cause: str) -> RejectAc
 
 
 __all__ = [
-    "ZERO",
     "estimated_t_ori",
     "evict_replica",
     "finish_action",

@@ -86,6 +86,12 @@ class ClusterSpec:
         return None
 
 
+def split_numa(cores: int, domains: int) -> tuple[int, ...]:
+    """``cores`` spread over ``domains`` NUMA domains as evenly as whole cores allow."""
+    per_domain = cores // domains
+    return tuple([per_domain] * (domains - 1) + [cores - per_domain * (domains - 1)])
+
+
 def uniform_cluster(
     num_cpu_nodes: int = 0,
     cores_per_node: int = 256,
@@ -97,8 +103,7 @@ def uniform_cluster(
     services: Mapping[str, ServiceSpec] | None = None,
 ) -> ClusterSpec:
     """The paper's shape by default: nodes of 256 cores (2 NUMA domains) and 2.4 TB."""
-    per_domain = cores_per_node // numa_domains
-    numa = tuple([per_domain] * (numa_domains - 1) + [cores_per_node - per_domain * (numa_domains - 1)])
+    numa = split_numa(cores_per_node, numa_domains)
     return ClusterSpec(
         cpu_nodes=tuple(CpuNodeSpec(f"cpu-{i:03d}", numa, mem_bytes) for i in range(num_cpu_nodes)),
         gpu_nodes=tuple(GpuNodeSpec(f"gpu-{i:03d}", gpus_per_node) for i in range(num_gpu_nodes)),

@@ -22,7 +22,7 @@ from arl_tangram.core.events import ActionFinished, EnvReady, Event, ServiceRead
 from arl_tangram.core.resources import MILLICORES_PER_CORE
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.sim.engine import EventQueue
-from arl_tangram.sim.metrics import Metrics
+from arl_tangram.sim.metrics import ActionRecord, Metrics
 from arl_tangram.sim.platform import Platform
 from arl_tangram.sim.workload import ActionTemplate
 
@@ -130,13 +130,13 @@ class SimManagers:
         else:
             self._call_unmanaged(d, rec, exec_s, attempt=0)
 
-    def _run(self, d: StartAction, rec, overhead_s: float, exec_s: float, resource: str) -> None:  # type: ignore[no-untyped-def]
+    def _run(self, d: StartAction, rec: ActionRecord, overhead_s: float, exec_s: float, resource: str) -> None:
         rec.exec_start_s = self.q.now_s + overhead_s
         tpl = self.templates[d.action_id]
         end = rec.exec_start_s + exec_s
         if resource == "cpu":
             cores = d.grant.cpu_millicores / MILLICORES_PER_CORE
-            self.metrics.reserved["cpu"].add(rec.start_s, end, cores)
+            self.metrics.reserved["cpu"].add(self.q.now_s, end, cores)  # held from the start decision
             self.metrics.used["cpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
         elif resource == "gpu":
             self.metrics.used["gpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
@@ -149,7 +149,7 @@ class SimManagers:
 
         self.q.at(end, finish)
 
-    def _call_unmanaged(self, d: StartAction, rec, exec_s: float, attempt: int) -> None:  # type: ignore[no-untyped-def]
+    def _call_unmanaged(self, d: StartAction, rec: ActionRecord, exec_s: float, attempt: int) -> None:
         provider = self.providers[self.templates[d.action_id].binding_name]
         if provider.admit(self.q.now_s):
             self._run(d, rec, 0.0, exec_s, "api")  # time lost to 429s before this counts as overhead

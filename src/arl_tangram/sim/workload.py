@@ -3,6 +3,8 @@ API pools they need. Workload generators (``workloads/``) build these from a see
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -10,6 +12,11 @@ from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.resources import ZERO, ResourceKind, ResourceVector
 from arl_tangram.core.topology import QuotaPoolSpec
+
+
+def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
+    """A lognormal draw with the given *mean* (not median) and log-space spread ``sigma``."""
+    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
 
 
 @dataclass(frozen=True)

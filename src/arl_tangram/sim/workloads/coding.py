@@ -8,13 +8,12 @@ all are printed in the report.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 
 from arl_tangram.core.elasticity import Amdahl, NonElastic
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ResourceKind, ResourceVector
-from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload
+from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload, lognormal
 
 GIB = 1 << 30
 
@@ -39,10 +38,6 @@ class CodingParams:
         return asdict(self)
 
 
-def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
-    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
-
-
 def _test_run(kind: str, t_ori: float, p: CodingParams, category: str) -> ActionTemplate:
     return ActionTemplate(
         kind, "env", t_ori, key=ResourceKind.CPU, dop_min=1, dop_max=p.test_dop_max,
@@ -58,13 +53,13 @@ def coding_workload(p: CodingParams, seed: int, tenant: str = "coding") -> Workl
     for i in range(p.batch):
         phases: list[tuple[float, ActionTemplate]] = []
         for _ in range(rng.randint(p.turns_min, p.turns_max)):
-            think = _lognormal(rng, p.think_mean_s, p.think_sigma)
+            think = lognormal(rng, p.think_mean_s, p.think_sigma)
             if rng.random() < p.test_fraction:
-                tpl = _test_run("test", _lognormal(rng, p.test_t_ori_mean_s, p.sigma), p, "env")
+                tpl = _test_run("test", lognormal(rng, p.test_t_ori_mean_s, p.sigma), p, "env")
             else:
-                tpl = ActionTemplate("command", "env", _lognormal(rng, p.command_mean_s, p.sigma), fixed=command, elasticity=NonElastic())
+                tpl = ActionTemplate("command", "env", lognormal(rng, p.command_mean_s, p.sigma), fixed=command, elasticity=NonElastic())
             phases.append((think, tpl))
-        reward = _test_run("reward", _lognormal(rng, p.reward_t_ori_mean_s, p.sigma), p, "reward")
-        phases.append((_lognormal(rng, p.think_mean_s, p.think_sigma), reward))
+        reward = _test_run("reward", lognormal(rng, p.reward_t_ori_mean_s, p.sigma), p, "reward")
+        phases.append((lognormal(rng, p.think_mean_s, p.think_sigma), reward))
         plans.append(TrajectoryPlan(f"{tenant}-{i:05d}", tenant, p.env_mem_bytes, tuple(phases)))
     return Workload("coding", tuple(plans), parameters=p.describe())

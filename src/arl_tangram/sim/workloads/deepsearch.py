@@ -7,7 +7,6 @@ assumption; all are printed in the report.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 
@@ -15,7 +14,7 @@ from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.elasticity import Table
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.core.topology import QuotaPoolSpec
-from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload
+from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload, lognormal
 
 GB = 10**9
 
@@ -40,10 +39,6 @@ class DeepSearchParams:
         return asdict(self)
 
 
-def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
-    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
-
-
 JUDGE_EFFICIENCY = Table((1.0, 0.9, 0.8, 0.7))  # assumption: tensor-parallel efficiency at 1-4 GPUs
 
 
@@ -54,16 +49,16 @@ def deepsearch_workload(p: DeepSearchParams, seed: int, tenant: str = "deepsearc
         phases: list[tuple[float, ActionTemplate]] = []
         for _ in range(rng.randint(p.calls_min, p.calls_max)):
             call = ActionTemplate(
-                "search", "api", _lognormal(rng, p.search_latency_s, p.sigma), binding_name="search",
+                "search", "api", lognormal(rng, p.search_latency_s, p.sigma), binding_name="search",
                 fixed=ResourceVector(quota_tokens=1), category="api",
             )
-            phases.append((_lognormal(rng, p.think_mean_s, p.think_sigma), call))
+            phases.append((lognormal(rng, p.think_mean_s, p.think_sigma), call))
         judge = ActionTemplate(
-            "judge", "service", _lognormal(rng, p.judge_t_ori_s, p.sigma), binding_name="judge",
+            "judge", "service", lognormal(rng, p.judge_t_ori_s, p.sigma), binding_name="judge",
             key=ResourceKind.GPU, dop_min=1, dop_max=p.judge_devices, per_unit=ResourceVector(gpu_devices=1),
             elasticity=JUDGE_EFFICIENCY, category="reward",
         )
-        phases.append((_lognormal(rng, p.think_mean_s, p.think_sigma), judge))
+        phases.append((lognormal(rng, p.think_mean_s, p.think_sigma), judge))
         plans.append(TrajectoryPlan(f"{tenant}-{i:05d}", tenant, None, tuple(phases)))
     services = {"judge": ServiceSpec("judge", p.judge_weight_bytes, 1, p.judge_devices)}
     pools = (QuotaPoolSpec("search", p.provider_concurrency, p.provider_rate_per_s),)

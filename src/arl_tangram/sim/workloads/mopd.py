@@ -7,14 +7,13 @@ cites shared/PAPER.md or is an assumption; all are printed in the report.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.elasticity import Table
 from arl_tangram.core.resources import ResourceKind, ResourceVector
-from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload
+from arl_tangram.sim.workload import ActionTemplate, TrajectoryPlan, Workload, lognormal
 
 GB = 10**9
 TEACHER_EFFICIENCY = Table((1.0, 0.85, 0.8, 0.7))  # assumption: tensor-parallel efficiency at 1-4 GPUs
@@ -39,10 +38,6 @@ class MopdParams:
         return asdict(self)
 
 
-def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
-    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
-
-
 def teacher_names(p: MopdParams) -> list[str]:
     return [f"teacher-{k}" for k in range(p.teachers)]
 
@@ -57,9 +52,9 @@ def mopd_workload(p: MopdParams, seed: int, tenant: str = "mopd") -> Workload:
         teacher = rng.choices(names, weights)[0]
         phases: list[tuple[float, ActionTemplate]] = []
         for c in range(rng.randint(p.calls_min, p.calls_max)):
-            think = _lognormal(rng, p.gen_mean_s if c == 0 else p.gen_chunk_s, p.think_sigma)
+            think = lognormal(rng, p.gen_mean_s if c == 0 else p.gen_chunk_s, p.think_sigma)
             call = ActionTemplate(
-                "logprobs", "service", _lognormal(rng, t_ori_mean, p.sigma), binding_name=teacher,
+                "logprobs", "service", lognormal(rng, t_ori_mean, p.sigma), binding_name=teacher,
                 key=ResourceKind.GPU, dop_min=1, dop_max=p.devices_per_teacher,
                 per_unit=ResourceVector(gpu_devices=1), elasticity=TEACHER_EFFICIENCY, category="teacher",
             )
