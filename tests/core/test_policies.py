@@ -487,7 +487,8 @@ def test_node_lost_drops_its_envs_and_actions() -> None:
     d.step([ActionSubmitted(make_action("a", env="e0")), ActionSubmitted(make_action("b", env="e2"))])
     assert "a" in d.state.running and "b" in d.state.queue_cpu
     r = d.step([NodeLost(node0)], now=1.0)
-    assert [x.action_id for x in of_type(r.decisions, RejectAction)] == ["b"]
+    ended = {x.action_id: (x.outcome, x.reason.split(":")[0]) for x in of_type(r.decisions, RejectAction)}
+    assert ended == {"a": ("error", "node_lost"), "b": ("error", "node_lost")}  # one outcome each, running or queued
     assert "e0" not in d.state.envs and "e2" not in d.state.envs and "a" not in d.state.running
     assert node0 not in d.state.cpu
     # the surviving node still schedules

@@ -1,7 +1,8 @@
 """Core: decisions, imperative orders from the scheduler to the managers. Frozen dataclasses.
 
-Every decision carries ``reason`` (why the policy chose it) and ``cause`` (the event, or
-``wake``, that triggered the round).
+Every decision carries ``reason`` (why the policy chose it), ``cause`` (the event, or
+``wake``, that triggered the round) and ``stimulus_id`` (the id of that stimulus; the events
+an executor reports while carrying the decision out repeat it).
 """
 
 from __future__ import annotations
@@ -29,17 +30,33 @@ class StartAction:
     cause: str
     replica_id: str | None = None
     numa_millicores: tuple[int, ...] = ()
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class PlaceEnv:
-    """Create the env's sandbox on ``node_id``; ``held`` stays reserved for the env's life."""
+    """Create the env's sandbox on ``node_id`` under ``env_id``; ``held`` stays reserved for
+    the env's life (memory, plus fixed cores for pod-style policies, split over NUMA domains
+    as ``numa_millicores``). The executor answers ``EnvReady`` or ``EnvFailed``."""
 
     env_id: str
     node_id: str
     held: ResourceVector
     reason: str
     cause: str
+    numa_millicores: tuple[int, ...] = ()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ReleaseEnv:
+    """Destroy the env's sandbox; the core has already freed what it held."""
+
+    env_id: str
+    node_id: str | None
+    reason: str
+    cause: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,7 @@ class LoadService:
     size: int
     reason: str
     cause: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,13 +80,32 @@ class EvictService:
     replica_id: str
     reason: str
     cause: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class RejectAction:
+    """End an action that never ran, or whose node was lost, with ``outcome``: ``rejected``
+    (invalid or can never fit), ``cancelled`` (withdrawn by its client) or ``error`` (its env
+    failed or its node was lost; ``reason`` names the cause)."""
+
     action_id: str
     reason: str
     cause: str
+    outcome: str = "rejected"
+    stimulus_id: str = ""
 
 
-Decision = StartAction | PlaceEnv | LoadService | EvictService | RejectAction
+@dataclass(frozen=True)
+class CancelAction:
+    """Stop a running action; its executor reports ``ActionFinished(cancelled)`` (or the
+    outcome it reached first) and the core frees its grant then."""
+
+    action_id: str
+    node_id: str
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction

@@ -1,10 +1,21 @@
-"""Core: events, past-tense facts fed to ``Scheduler.step``. Frozen dataclasses."""
+"""Core: events, past-tense facts fed to ``Scheduler.step``. Frozen dataclasses.
+
+Every event carries a ``stimulus_id``: the id of the stimulus (a submission, a completion, a
+wake-up) that caused it. The controller loop gives each incoming stimulus a fresh id; every
+decision a round makes repeats the id of the round's stimulus, and the events an executor
+reports while carrying a decision out repeat the decision's id, so a decision log explains
+itself end to end (Dask's ``stimulus_id``).
+
+Managers report failures as events too (``EnvFailed``, ``ReplicaFailed``, ``NodeLost``):
+the core never waits for something that will not happen.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arl_tangram.core.action import ActionSpec, EnvSpec
+from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
+from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
 
 Outcome = str  # succeeded | failed | timed_out | oom_killed | cancelled | rejected | error
 TERMINAL_OUTCOMES = ("succeeded", "failed", "timed_out", "oom_killed", "cancelled", "rejected", "error")
@@ -12,7 +23,12 @@ TERMINAL_OUTCOMES = ("succeeded", "failed", "timed_out", "oom_killed", "cancelle
 
 @dataclass(frozen=True)
 class ActionSubmitted:
+    """A client submitted an action. ``submitted_s`` is its arrival time (queue time counts
+    from there); None means the round's time."""
+
     spec: ActionSpec
+    submitted_s: float | None = None
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -22,28 +38,46 @@ class ActionFinished:
     action_id: str
     outcome: Outcome = "succeeded"
     exec_s: float | None = None
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class ActionCancelled:
-    """The client withdrew a queued action (a running one ends with ActionFinished)."""
+    """The client withdrew an action. A queued one ends ``cancelled`` in the core; a running
+    one is stopped by its executor, which then reports ``ActionFinished(cancelled)``."""
 
     action_id: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class EnvRequested:
     spec: EnvSpec
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class EnvReady:
     env_id: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class EnvFailed:
+    """The env's sandbox failed to start, or died. Its queued actions end as ``error``; its
+    running actions are ended by their executor."""
+
+    env_id: str
+    cause: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class EnvReleased:
+    """The client is done with the env: the core frees it and orders ``ReleaseEnv``."""
+
     env_id: str
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,16 +85,48 @@ class ServiceReady:
     """A replica finished loading (swap-in from host memory) and can serve."""
 
     replica_id: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaFailed:
+    """A replica failed to load, or was lost. Its devices are free again; actions started on
+    it are ended by their executor."""
+
+    replica_id: str
+    cause: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ServiceRegistered:
+    """A GPU service can be requested from now on (its weights are backed up in host memory)."""
+
+    service: ServiceSpec
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class NodeJoined:
+    """A node offers capacity (at start, or later): the scheduler may place on it at once."""
+
+    node: CpuNodeSpec | GpuNodeSpec
+    stimulus_id: str = ""
 
 
 @dataclass(frozen=True)
 class NodeLost:
-    """A node left: its queued work stays queued, its envs and replicas are gone."""
+    """A node left: its running actions end as ``error`` (cause ``node_lost``), its envs are
+    lost, its replicas gone; queued work that is not bound to a lost env stays queued."""
 
     node_id: str
+    stimulus_id: str = ""
 
 
-Event = ActionSubmitted | ActionFinished | ActionCancelled | EnvRequested | EnvReady | EnvReleased | ServiceReady | NodeLost
+Event = (
+    ActionSubmitted | ActionFinished | ActionCancelled | EnvRequested | EnvReady | EnvFailed
+    | EnvReleased | ServiceReady | ReplicaFailed | ServiceRegistered | NodeJoined | NodeLost
+)  # fmt: skip
 
 
 def describe(event: Event) -> str:
@@ -70,6 +136,10 @@ def describe(event: Event) -> str:
         return f"{name}({event.spec.action_id})"
     if isinstance(event, EnvRequested):
         return f"{name}({event.spec.env_id})"
+    if isinstance(event, NodeJoined):
+        return f"{name}({event.node.node_id})"
+    if isinstance(event, ServiceRegistered):
+        return f"{name}({event.service.name})"
     for attr in ("action_id", "env_id", "replica_id", "node_id"):
         if hasattr(event, attr):
             return f"{name}({getattr(event, attr)})"

@@ -16,6 +16,7 @@ from arl_tangram.core.decisions import (
     LoadService,
     PlaceEnv,
     RejectAction,
+    ReleaseEnv,
     StartAction,
 )
 from arl_tangram.core.resources import ResourceVector
@@ -133,18 +134,22 @@ def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, 
     numa = ed.take_cpu(node_id, held) if not held.is_zero() else ()
     ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held, held_numa=numa)
     del ed.w("env_queue")[env_id]
-    return PlaceEnv(env_id, node_id, held, reason, cause)
+    return PlaceEnv(env_id, node_id, held, reason, cause, numa)
 
 
-def release_env(ed: StateEditor, env_id: str) -> None:
+def release_env(ed: StateEditor, env_id: str, reason: str, cause: str) -> ReleaseEnv | None:
+    """Free what the env holds and order its sandbox destroyed; None for an unknown env
+    (idempotent). An env still pending placement has no sandbox, but the order is still
+    given so an executor that raced ahead can clean up."""
     env = ed.envs.get(env_id)
     if env is None:
-        return
+        return None
     del ed.w("envs")[env_id]
     if env_id in ed.env_queue:
         del ed.w("env_queue")[env_id]
     if env.node_id is not None and not env.held.is_zero():
         ed.give_cpu(env.node_id, env.held, env.held_numa)
+    return ReleaseEnv(env_id, env.node_id, reason, cause)
 
 
 def load_replica(
@@ -164,14 +169,26 @@ def evict_replica(ed: StateEditor, replica_id: str, reason: str, cause: str) -> 
     return EvictService(replica_id, reason, cause)
 
 
-def reject(ed: StateEditor, action_id: str, reason: str, cause: str) -> RejectAction:
+def reject(ed: StateEditor, action_id: str, reason: str, cause: str, outcome: str = "rejected") -> RejectAction:
+    """End a queued (or never queued) action with ``outcome`` without running it."""
     qa = ed.find_queued(action_id)
     if qa is not None:
         del ed.w(lane_of(qa.spec.binding.kind))[action_id]
-    return RejectAction(action_id, reason, cause)
+    return RejectAction(action_id, reason, cause, outcome)
+
+
+def drop_replica(ed: StateEditor, replica_id: str) -> Replica | None:
+    """Forget a replica that failed or was lost (no decision: it is already gone)."""
+    rep = ed.replicas.get(replica_id)
+    if rep is None:
+        return None
+    del ed.w("replicas")[replica_id]
+    ed.give_devices(rep.node_id, rep.offset, rep.size)
+    return rep
 
 
 __all__ = [
+    "drop_replica",
     "estimated_t_ori",
     "evict_replica",
     "finish_action",

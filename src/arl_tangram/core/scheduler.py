@@ -3,6 +3,10 @@
 ``step(state, events, now)`` applies past-tense events to the state (shared bookkeeping),
 asks the configured policy for decisions, and returns the new state, the decisions and
 when it wants to be woken even if nothing happens. Pure: same inputs, same outputs.
+
+Every decision repeats a stimulus id: the decisions an event causes directly (a rejection,
+an env release, the outcomes of a lost node) carry that event's id; the policy's decisions
+carry the round's stimulus (the id of its only event, or of all of them joined).
 """
 
 from __future__ import annotations
@@ -11,23 +15,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from arl_tangram.core import ledger
-from arl_tangram.core.decisions import Decision
+from arl_tangram.core.decisions import CancelAction, Decision
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
     ActionCancelled,
     ActionFinished,
     ActionSubmitted,
+    EnvFailed,
     EnvReady,
     EnvReleased,
     EnvRequested,
     Event,
+    NodeJoined,
     NodeLost,
+    ReplicaFailed,
     ServiceReady,
+    ServiceRegistered,
     describe,
 )
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.state import ClusterState, QueuedAction, StateEditor, lane_of
-from arl_tangram.core.topology import check_can_ever_fit
+from arl_tangram.core.topology import add_node, add_service, check_can_ever_fit
+
+MAX_JOINED_STIMULI = 4  # a round of more events names its first ids and a count
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,22 @@ class StepResult:
     state: ClusterState
     decisions: tuple[Decision, ...]
     wake_at: float | None
+
+
+def round_stimulus(events: Sequence[Event]) -> str:
+    """The stimulus id a round's policy decisions carry: its events' ids, or ``wake``."""
+    ids = [e.stimulus_id for e in events if e.stimulus_id]
+    if not ids:
+        return "wake" if not events else ""
+    if len(ids) <= MAX_JOINED_STIMULI:
+        return "+".join(ids)
+    return "+".join(ids[:MAX_JOINED_STIMULI]) + f"+{len(ids) - MAX_JOINED_STIMULI} more"
+
+
+def _tag(decisions: list[Decision], stimulus_id: str) -> list[Decision]:
+    if not stimulus_id:
+        return decisions
+    return [replace(d, stimulus_id=stimulus_id) for d in decisions]
 
 
 class Scheduler:
@@ -46,8 +72,8 @@ class Scheduler:
     def bootstrap(self, state: ClusterState) -> StepResult:
         """Static placements a policy makes before any event (e.g. dedicated model deployments)."""
         ed = state.edit(state.now_s)
-        decisions = tuple(self.policy.bootstrap(ed))
-        return StepResult(ed.freeze(), decisions, None)
+        decisions = _tag(list(self.policy.bootstrap(ed)), "bootstrap")
+        return StepResult(ed.freeze(), tuple(decisions), None)
 
     def step(self, state: ClusterState, events: Sequence[Event], now: float) -> StepResult:
         ed = state.edit(max(now, state.now_s))
@@ -57,11 +83,11 @@ class Scheduler:
             ed.touch(None)
         for event in events:
             cause = describe(event)
-            decisions.extend(self._apply(ed, event, cause))
+            decisions.extend(_tag(self._apply(ed, event, cause), event.stimulus_id))
         if len(events) > 1:
             # The policy decides once for the whole round: its decisions name the round.
             cause = f"{cause} (+{len(events) - 1} more events this round)"
-        decisions.extend(self.policy.schedule(ed, cause))
+        decisions.extend(_tag(self.policy.schedule(ed, cause), round_stimulus(events)))
         return StepResult(ed.freeze(), tuple(decisions), self.policy.wake_at(ed))
 
     def _apply(self, ed: StateEditor, event: Event, cause: str) -> list[Decision]:
@@ -72,8 +98,7 @@ class Scheduler:
             if run is not None:
                 ed.touch(run.node_id)
         elif isinstance(event, ActionCancelled):
-            if ed.find_queued(event.action_id) is not None:
-                return [ledger.reject(ed, event.action_id, "cancelled by the client", cause)]
+            return self._cancel(ed, event.action_id, cause)
         elif isinstance(event, EnvRequested):
             if event.spec.env_id not in ed.envs:
                 ledger.request_env(ed, event.spec)
@@ -83,14 +108,20 @@ class Scheduler:
                 ed.w("envs")[event.env_id] = replace(env, ready=True)
                 ed.touch(env.node_id)
         elif isinstance(event, EnvReleased):
-            released = ed.envs.get(event.env_id)
-            ed.touch(released.node_id if released else None)
-            ledger.release_env(ed, event.env_id)
-            return self._reject_bound(ed, "env", event.env_id, "its env was released", cause)
+            return self._end_env(ed, event.env_id, "released by its client", "cancelled", cause)
+        elif isinstance(event, EnvFailed):
+            return self._end_env(ed, event.env_id, f"env_failed: {event.cause}", "error", cause)
         elif isinstance(event, ServiceReady):
             rep = ed.replicas.get(event.replica_id)
             if rep is not None:
                 ed.w("replicas")[event.replica_id] = replace(rep, ready=True)
+        elif isinstance(event, ReplicaFailed):
+            if ledger.drop_replica(ed, event.replica_id) is not None:
+                ed.touch(None)
+        elif isinstance(event, ServiceRegistered):
+            ed.spec = add_service(ed.spec, event.service)
+        elif isinstance(event, NodeJoined):
+            self._join_node(ed, event)
         elif isinstance(event, NodeLost):
             return self._lose_node(ed, event.node_id, cause)
         return []
@@ -105,28 +136,60 @@ class Scheduler:
             return [ledger.reject(ed, spec.action_id, str(exc), cause)]
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
-        ed.w(lane_of(spec.binding.kind))[spec.action_id] = QueuedAction(spec, ed.now_s, ed.next_seq())
+        arrived_s = ed.now_s if event.submitted_s is None else min(event.submitted_s, ed.now_s)
+        ed.w(lane_of(spec.binding.kind))[spec.action_id] = QueuedAction(spec, arrived_s, ed.next_seq())
         if spec.binding.kind == "service":
             ledger.note_service_request(ed, spec.binding.name)
         ed.touch(ed.envs[spec.binding.name].node_id if spec.binding.kind == "env" else None)
         return []
 
-    def _reject_bound(self, ed: StateEditor, kind: str, name: str, why: str, cause: str) -> list[Decision]:
+    def _cancel(self, ed: StateEditor, action_id: str, cause: str) -> list[Decision]:
+        """A queued action ends here; a running one is stopped by its executor (which then
+        reports it finished); an unknown or ended one is left alone (idempotent)."""
+        if ed.find_queued(action_id) is not None:
+            return [ledger.reject(ed, action_id, "cancelled by its client", cause, "cancelled")]
+        if action_id in ed.running:
+            return [CancelAction(action_id, ed.running[action_id].node_id, "cancelled by its client", cause)]
+        return []
+
+    def _end_env(self, ed: StateEditor, env_id: str, why: str, outcome: str, cause: str) -> list[Decision]:
+        """Free an env and end its queued actions with ``outcome``; its running actions are
+        ended by their executor when the sandbox goes."""
+        released = ed.envs.get(env_id)
+        ed.touch(released.node_id if released else None)
+        decisions: list[Decision] = self._reject_bound(ed, "env", env_id, why, outcome, cause)
+        order = ledger.release_env(ed, env_id, why, cause)
+        if order is not None:
+            decisions.append(order)
+        return decisions
+
+    def _reject_bound(self, ed: StateEditor, kind: str, name: str, why: str, outcome: str, cause: str) -> list[Decision]:
         lane = ed.queue_service if kind == "service" else ed.queue_api if kind == "api" else ed.queue_cpu
         doomed = [a for a, qa in lane.items() if qa.spec.binding.kind == kind and qa.spec.binding.name == name]
-        return [ledger.reject(ed, a, why, cause) for a in doomed]
+        return [ledger.reject(ed, a, why, cause, outcome) for a in doomed]
+
+    def _join_node(self, ed: StateEditor, event: NodeJoined) -> None:
+        try:
+            ed.spec = add_node(ed.spec, event.node)
+        except SpecError:
+            return  # already known: a repeated join changes nothing
+        ed.add_node_tables(event.node)
+        ed.touch(None)
 
     def _lose_node(self, ed: StateEditor, node_id: str, cause: str) -> list[Decision]:
         decisions: list[Decision] = []
         ed.touch(None)
-        # Its running actions are gone with it (their managers report them as errors).
+        why = f"node_lost: node {node_id} was lost"
+        # Nobody is left to report these actions: the core ends them, once.
         for aid in sorted(a for a, run in ed.running.items() if run.node_id == node_id):
             ledger.finish_action(ed, aid, None)
+            decisions.append(ledger.reject(ed, aid, why, cause, "error"))
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
-            ledger.release_env(ed, env_id)
-            decisions.extend(self._reject_bound(ed, "env", env_id, f"node {node_id} was lost", cause))
+            decisions.extend(self._reject_bound(ed, "env", env_id, why, "error", cause))
+            ledger.release_env(ed, env_id, why, cause)  # nothing left to destroy there
         for rid in sorted(r for r, rep in ed.replicas.items() if rep.node_id == node_id):
             del ed.w("replicas")[rid]
         ed.w("cpu").pop(node_id, None)
         ed.w("gpu").pop(node_id, None)
+        ed.spec = ed.spec.without_node(node_id)
         return decisions

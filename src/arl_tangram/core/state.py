@@ -16,7 +16,7 @@ from typing import Any
 from arl_tangram.core.action import ActionSpec, EnvSpec
 from arl_tangram.core.chunks import chunk_mask
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceVector
-from arl_tangram.core.topology import ClusterSpec
+from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,15 @@ class StateEditor:
         tables: dict[str, Any] = {
             n: MappingProxyType(getattr(self, n)) if n in self._copied else getattr(self, n) for n in _TABLES
         }
-        return replace(self._base, now_s=self.now_s, seq=self.seq, **tables)
+        return replace(self._base, spec=self.spec, now_s=self.now_s, seq=self.seq, **tables)
+
+    def add_node_tables(self, node: CpuNodeSpec | GpuNodeSpec) -> None:
+        """Free capacity for a node that just joined (``self.spec`` already lists it)."""
+        if isinstance(node, CpuNodeSpec):
+            numa = tuple(c * MILLICORES_PER_CORE for c in node.numa_cores)
+            self.w("cpu")[node.node_id] = CpuFree(node.millicores, node.mem_bytes, numa)
+        else:
+            self.w("gpu")[node.node_id] = 0
 
     # --- CPU accounting -------------------------------------------------------------
     def take_cpu(self, node_id: str, demand: ResourceVector) -> tuple[int, ...]:

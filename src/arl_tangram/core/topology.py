@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from arl_tangram.core.action import ActionSpec, ServiceSpec
 from arl_tangram.core.errors import SpecError
@@ -79,11 +79,33 @@ class ClusterSpec:
             if name != service.name:
                 raise SpecError(f"services[{name}]", "key must equal the service's name", service.name)
 
+    def without_node(self, node_id: str) -> ClusterSpec:
+        """This cluster less the node ``node_id`` (unchanged if it has no such node)."""
+        return replace(
+            self,
+            cpu_nodes=tuple(n for n in self.cpu_nodes if n.node_id != node_id),
+            gpu_nodes=tuple(n for n in self.gpu_nodes if n.node_id != node_id),
+        )
+
     def quota_pool(self, provider: str) -> QuotaPoolSpec | None:
         for pool in self.quota_pools:
             if pool.provider == provider:
                 return pool
         return None
+
+
+def add_node(cluster: ClusterSpec, node: CpuNodeSpec | GpuNodeSpec) -> ClusterSpec:
+    """``cluster`` with ``node`` added; ``SpecError`` if a node of that id exists."""
+    if any(n.node_id == node.node_id for n in (*cluster.cpu_nodes, *cluster.gpu_nodes)):
+        raise SpecError("node.node_id", "must be unique in the cluster", node.node_id)
+    if isinstance(node, CpuNodeSpec):
+        return replace(cluster, cpu_nodes=(*cluster.cpu_nodes, node))
+    return replace(cluster, gpu_nodes=(*cluster.gpu_nodes, node))
+
+
+def add_service(cluster: ClusterSpec, service: ServiceSpec) -> ClusterSpec:
+    """``cluster`` with ``service`` registered (a re-registration replaces the spec)."""
+    return replace(cluster, services={**cluster.services, service.name: service})
 
 
 def split_numa(cores: int, domains: int) -> tuple[int, ...]:
