@@ -21,7 +21,10 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
 
 @dataclass(frozen=True)
 class ActionTemplate:
-    """One action of a trajectory. ``t_ori_s`` is its true duration on one unit."""
+    """One action of a trajectory. ``t_ori_s`` is its true duration on one unit and
+    ``elasticity`` its true curve (what the simulated managers execute); ``declared`` is
+    the curve its client states (what the policy sees), None when the client states the
+    true one."""
 
     kind: str
     binding_kind: str  # env | service | api
@@ -34,6 +37,12 @@ class ActionTemplate:
     fixed: ResourceVector = ZERO
     elasticity: ElasticityModel = field(default_factory=NonElastic)
     category: str = "env"  # env | reward | api | teacher: how the report groups ACT
+    declared: ElasticityModel | None = None
+
+    @property
+    def declared_elasticity(self) -> ElasticityModel:
+        """The curve the action's spec carries: the declared one, else the true one."""
+        return self.elasticity if self.declared is None else self.declared
 
 
 @dataclass(frozen=True)
