@@ -101,6 +101,7 @@ def execute(spec: RunSpec) -> dict[str, Any]:
         "act_by_category": {c: m.act_summary(c) for c in sorted({r.category for r in m.done()})},
         "step_s": step,
         "rejected": m.rejected,
+        "env_busy_fraction": m.env_busy_fraction() if spec.workload == "coding" else None,
         "rounds": result.rounds,
         "wall_s": time.perf_counter() - t0,
         "act_quantiles": _quantiles([r.act_s for r in m.done()]),

@@ -97,6 +97,14 @@ class Metrics:
             "retries": int(sum(r.retries for r in recs)),
         }
 
+    def env_busy_fraction(self, categories: tuple[str, ...] = ("env", "reward")) -> float:
+        """Share of the trajectories' lives their sandbox spends executing an action
+        (PAPER: 47% on AI coding). Lives run from the step's start (every simulated
+        trajectory starts at 0) to the trajectory's end, so a pod's start counts as idle."""
+        life = sum(self.trajectory_end_s.values())
+        busy = sum(r.exec_s for r in self.done() if r.category in categories)
+        return busy / life if life else 0.0
+
     def utilisation(self, resource: str, capacity: float) -> dict[str, float]:
         """Mean reserved and used amounts over the step, and as fractions of ``capacity``."""
         step = self.step_s() or 1.0
