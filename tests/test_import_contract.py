@@ -1,8 +1,10 @@
 """Import contract (DESIGN.md §2): the dependency direction between packages, checked on the
 source with ``ast`` (so lazy, function-level imports count too).
 
-cli, api, bench -> runtime, client -> agent, backends -> managers -> core;  sim -> core.
-core imports nothing of the project outside core, and no I/O, clock or concurrency modules.
+cli, api, bench -> runtime, client -> agent, backends -> managers -> core;
+integrations -> client;  sim -> runtime's loop -> core.
+core imports nothing of the project outside core, and of the standard library only the
+modules it names (an allowlist: no I/O, clock, randomness, ids or concurrency).
 Nothing imports bench or cli.
 """
 
@@ -17,26 +19,28 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "arl_tangram"
 
-# Sans-I/O core: no event loop, clock, processes, sockets, threads, randomness or log handlers.
-CORE_FORBIDDEN_MODULES = {
-    "asyncio", "time", "os", "subprocess", "socket", "threading", "multiprocessing",
-    "random", "logging", "signal", "selectors", "shutil", "tempfile", "io", "pathlib",
+# Sans-I/O core: pure computation only. Anything else (asyncio, time, datetime, uuid,
+# secrets, random, queue, concurrent, os, logging, ...) is refused.
+CORE_ALLOWED_STDLIB = {
+    "__future__", "abc", "bisect", "collections", "dataclasses", "enum", "fractions", "functools",
+    "heapq", "itertools", "math", "numbers", "operator", "statistics", "types", "typing",
 }
 CORE_ALLOWED_THIRD_PARTY = {"numpy"}
-SIM_ALLOWED_THIRD_PARTY = {"numpy", "matplotlib", "simpy"}
+SIM_ALLOWED_THIRD_PARTY = {"numpy", "matplotlib", "simpy", "scipy"}
 
 # What each top-level package may import from the project (besides itself).
 ALLOWED_PROJECT_DEPS: dict[str, set[str]] = {
     "core": set(),
-    "sim": {"core"},
+    "sim": {"core", "runtime.loop"},  # the one controller loop, which imports only core
     "managers": {"core"},
     "agent": {"managers", "core"},
     "backends": {"agent", "managers", "core"},
     "runtime": {"agent", "backends", "managers", "core"},
     "client": {"runtime", "agent", "backends", "managers", "core"},
     "api": {"runtime", "client", "agent", "backends", "managers", "core"},
+    "integrations": {"client"},
     "bench": {"runtime", "client", "agent", "backends", "managers", "core", "sim"},
-    "cli": {"runtime", "client", "agent", "backends", "managers", "core", "sim", "bench", "api"},
+    "cli": {"runtime", "client", "agent", "backends", "managers", "core", "sim", "bench", "api", "integrations"},
     "": {"core"},  # the package's own __init__
 }
 LAYERS = set(ALLOWED_PROJECT_DEPS) - {""}
@@ -85,20 +89,31 @@ def violations_of(module: str, imported: set[str]) -> list[str]:
         top = name.split(".")[0]
         if top == "arl_tangram":
             target = layer_of(name)
-            if target in ("", layer) or target in ALLOWED_PROJECT_DEPS.get(layer, set()):
+            allowed = ALLOWED_PROJECT_DEPS.get(layer, set())
+            within = ".".join(name.split(".")[1:3])  # e.g. runtime.loop
+            if target in ("", layer) or target in allowed or within in allowed:
                 continue
             out.append(f"{module} imports {name} ({layer or 'arl_tangram'} -> {target} breaks the direction)")
             continue
         if top == "__future__":
             continue
         if layer == "core":
-            if top in CORE_FORBIDDEN_MODULES:
-                out.append(f"{module} imports {name} (core is sans-I/O)")
+            if top in stdlib and top not in CORE_ALLOWED_STDLIB:
+                out.append(f"{module} imports {name} (core is sans-I/O: not on its stdlib allowlist)")
             elif top not in stdlib and top not in CORE_ALLOWED_THIRD_PARTY:
                 out.append(f"{module} imports third-party {name}")
         elif layer == "sim" and top not in stdlib and top not in SIM_ALLOWED_THIRD_PARTY:
             out.append(f"{module} imports third-party {name} (sim: stdlib, numpy, matplotlib)")
     return out
+
+
+def test_the_loop_imports_only_core() -> None:
+    """The simulator uses the controller loop, so the loop must not pull in managers or torch."""
+    path = PKG / "runtime" / "loop.py"
+    imported = imports_of(path.read_text(encoding="utf-8"), "arl_tangram.runtime.loop", False)
+    project = {n for n in imported if n.startswith("arl_tangram")}
+    assert project and all(layer_of(n) == "core" for n in project), sorted(project)
+    assert all(n.split(".")[0] in sys.stdlib_module_names for n in imported - project), sorted(imported)
 
 
 def all_modules() -> list[tuple[str, Path]]:
@@ -136,6 +151,13 @@ def test_nothing_imports_bench_or_cli() -> None:
         ("arl_tangram.core.x", "import asyncio\n", "sans-I/O"),
         ("arl_tangram.core.x", "def f():\n    import time\n", "sans-I/O"),
         ("arl_tangram.core.x", "from os import path\n", "sans-I/O"),
+        ("arl_tangram.core.x", "import datetime\n", "sans-I/O"),
+        ("arl_tangram.core.x", "import uuid\n", "sans-I/O"),
+        ("arl_tangram.core.x", "from secrets import token_hex\n", "sans-I/O"),
+        ("arl_tangram.core.x", "import queue\n", "sans-I/O"),
+        ("arl_tangram.core.x", "from concurrent.futures import Future\n", "sans-I/O"),
+        ("arl_tangram.sim.x", "from arl_tangram.runtime.controller import Controller\n", "sim -> runtime"),
+        ("arl_tangram.integrations.verl", "from arl_tangram.runtime import loop\n", "integrations -> runtime"),
         ("arl_tangram.core.x", "from arl_tangram.sim import runner\n", "core -> sim"),
         ("arl_tangram.core.policies.x", "from ...sim.engine import EventQueue\n", "core -> sim"),
         ("arl_tangram.core.x", "import torch\n", "third-party"),
@@ -159,6 +181,8 @@ def test_the_checker_allows_the_direction() -> None:
         ("arl_tangram.sim.x", "import os, time, multiprocessing\nimport numpy\nfrom arl_tangram.core import ledger\n"),
         ("arl_tangram.managers.gpu.x", "import torch\nfrom arl_tangram.core.chunks import free_chunks\n"),
         ("arl_tangram.cli", "from arl_tangram.bench import cpu\n"),
+        ("arl_tangram.sim.x", "from arl_tangram.runtime.loop import ControllerLoop\n"),
+        ("arl_tangram.integrations.verl", "from arl_tangram.client import connect\n"),
     ]
     for module, source in ok:
         assert violations_of(module, imports_of(source, module, False)) == [], module

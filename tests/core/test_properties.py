@@ -24,29 +24,35 @@ from hypothesis import strategies as st
 
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.decisions import (
+    CancelAction,
     Decision,
     EvictService,
     LoadService,
     PlaceEnv,
     RejectAction,
+    ReleaseEnv,
     StartAction,
 )
 from arl_tangram.core.events import (
     ActionCancelled,
     ActionFinished,
     ActionSubmitted,
+    EnvFailed,
     EnvReady,
     EnvReleased,
     EnvRequested,
     Event,
+    NodeJoined,
     NodeLost,
+    ReplicaFailed,
     ServiceReady,
 )
 from arl_tangram.core.invariants import validate
 from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
-from arl_tangram.core.topology import ClusterSpec, QuotaPoolSpec
+from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaPoolSpec
+from arl_tangram.runtime.loop import ControllerLoop, Executor, Round
 from tests.core.builders import GIB, make_action, make_cluster, make_env, make_service
 
 POLICIES = ["elastic", "k8s-static", "task-pool", "fixed-dop", "ideal"]
@@ -81,10 +87,17 @@ def check_step(before: ClusterState, events: tuple[Event, ...], decisions: tuple
     validate(after)
     finished = {e.action_id for e in events if isinstance(e, ActionFinished)}
     lost_nodes = {e.node_id for e in events if isinstance(e, NodeLost)}
-    # nothing running is resized, moved or dropped except by its own finish or a lost node
+    # nothing running is resized, moved or dropped except by its own finish, or ended with an
+    # explicit outcome when its node, env or replica is gone
+    ended = {d.action_id: d for d in decisions if isinstance(d, RejectAction) and d.action_id in before.running}
     for aid, run in before.running.items():
-        if aid in finished or run.node_id in lost_nodes:
+        if aid in finished:
             continue
+        if aid in ended:
+            assert ended[aid].outcome == "error" and aid not in after.running
+            assert ended[aid].reason.split(":")[0] in ("node_lost", "env_failed", "replica_failed")
+            continue
+        assert run.node_id not in lost_nodes, f"{aid} on a lost node got no outcome"
         assert after.running.get(aid) == run, f"running action {aid} was changed"
     loaded = {d.replica_id for d in decisions if isinstance(d, LoadService)}
     for d in decisions:
@@ -111,6 +124,10 @@ def check_step(before: ClusterState, events: tuple[Event, ...], decisions: tuple
             assert d.replica_id not in after.replicas
         elif isinstance(d, PlaceEnv):
             assert after.envs[d.env_id].node_id == d.node_id
+        elif isinstance(d, CancelAction):
+            assert d.action_id in before.running and after.running.get(d.action_id) == before.running[d.action_id]
+        elif isinstance(d, ReleaseEnv):
+            assert d.env_id not in after.envs
     # a running service action keeps its replica
     for aid, run in after.running.items():
         if run.replica_id is not None:
@@ -143,6 +160,10 @@ op_st = st.one_of(
     st.tuples(st.just("advance"), st.sampled_from([0.1, 1.0, 5.0])),
     st.tuples(st.just("big"),),
     st.tuples(st.just("lose"), st.sampled_from(["cpu-1", "gpu-0"])),
+    st.tuples(st.just("env_fail"), st.integers(0, 20)),
+    st.tuples(st.just("replica_fail"), st.integers(0, 20)),
+    st.tuples(st.just("cancel_running"), st.integers(0, 20)),
+    st.tuples(st.just("join"), st.sampled_from(["cpu-1", "cpu-9", "gpu-0", "gpu-9"])),
 )
 
 
@@ -201,6 +222,18 @@ def events_for(op: tuple[Any, ...], state: ClusterState, ids: itertools.count[in
         return [ActionSubmitted(make_action(f"b{n}", env=_pick(envs, 0) or "x", dop_min=64, dop_max=64))], 0.0
     if kind == "lose":
         return [NodeLost(op[1])], 0.0
+    if kind == "env_fail":
+        env = _pick(envs, op[1])
+        return ([EnvFailed(env, "sandbox died")] if env else []), 0.0
+    if kind == "replica_fail":
+        rid = _pick(sorted(r for r, rep in state.replicas.items() if not rep.pinned), op[1])
+        return ([ReplicaFailed(rid, "load failed")] if rid else []), 0.0
+    if kind == "cancel_running":
+        aid = _pick(sorted(state.running), op[1])
+        return ([ActionCancelled(aid)] if aid else []), 0.0
+    if kind == "join":
+        node = CpuNodeSpec(op[1], (4, 4), 64 * GIB) if op[1].startswith("cpu") else GpuNodeSpec(op[1], 8)
+        return [NodeJoined(node)], 0.0
     raise AssertionError(kind)
 
 
@@ -327,30 +360,41 @@ load_st = st.builds(
 )
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def now(self) -> float:
+        return self.now_s
+
+
 @dataclass
-class Harness:
-    """Instant managers on a virtual clock: envs are ready and replicas loaded when placed,
-    running actions finish at their expected end, a trajectory's next action follows its
-    previous one, and the scheduler is called on every event and every ``wake_at``."""
+class Harness(Executor):
+    """Instant managers on a virtual clock, as the executor of the shared controller loop:
+    envs are ready and replicas loaded when placed, running actions finish at their expected
+    end, a trajectory's next action follows its previous one, and the loop runs a round on
+    every event and every ``wake_at``. Every round is checked against the state before it."""
 
     policy: str
     load: Load
     cores: int = 8
-    scheduler: Scheduler = field(init=False)
-    state: ClusterState = field(init=False)
+    loop: ControllerLoop = field(init=False)
+    clock: _Clock = field(default_factory=_Clock)
     timers: list[tuple[float, int, Event | str]] = field(default_factory=list)
     seq: itertools.count[int] = field(default_factory=itertools.count)
     submitted: set[str] = field(default_factory=set)
     started: set[str] = field(default_factory=set)
     rejected: set[str] = field(default_factory=set)
     chains: dict[str, list[ActionSpec]] = field(default_factory=dict)
-    owner: dict[str, str] = field(default_factory=dict)
+    before: ClusterState | None = None
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler(make_policy(self.policy, **policy_params(self.policy)))
-        boot = self.scheduler.bootstrap(ClusterState.initial(cluster(self.cores)))
-        self.state = boot.state
-        self._react(boot.decisions, 0.0)
+        scheduler = Scheduler(make_policy(self.policy, **policy_params(self.policy)))
+        initial = ClusterState.initial(cluster(self.cores))
+        self.before = initial
+        self.loop = ControllerLoop(scheduler, initial, self.clock, log=self._check_round, on_wake=lambda t: self._at(t, "wake"))
+        self.loop.attach(self)
+        self.loop.bootstrap()
         for i, (tenant, mem, actions) in enumerate(self.load.trajectories):
             env = f"e{i}"
             self.chains[env] = [
@@ -363,6 +407,10 @@ class Harness:
         for j, (at, t) in enumerate(self.load.api):
             self._submit_at(at, make_action(f"q{j}", kind="search", api="api", t_ori_s=t))
 
+    @property
+    def state(self) -> ClusterState:
+        return self.loop.state
+
     def _at(self, t: float, what: Event | str) -> None:
         heapq.heappush(self.timers, (t, next(self.seq), what))
 
@@ -370,21 +418,45 @@ class Harness:
         self.submitted.add(spec.action_id)
         self._at(t, ActionSubmitted(spec))
 
-    def _react(self, decisions: tuple[Decision, ...], now: float) -> None:
-        for d in decisions:
-            if isinstance(d, PlaceEnv):
-                self._at(now + 0.05, EnvReady(d.env_id))
-                chain = self.chains.get(d.env_id)
-                if chain:
-                    self._submit_at(now + 0.05, chain.pop(0))
-            elif isinstance(d, LoadService):
-                self._at(now + 0.2, ServiceReady(d.replica_id))
-            elif isinstance(d, StartAction):
-                self.started.add(d.action_id)
-                run = self.state.running[d.action_id]
-                self._at(max(run.expected_end_s, now), ActionFinished(d.action_id, exec_s=None))
-            elif isinstance(d, RejectAction):
-                self.rejected.add(d.action_id)
+    # -- the executor ---------------------------------------------------------------------
+    def place_env(self, d: PlaceEnv) -> None:
+        now = self.clock.now_s
+        self._at(now + 0.05, EnvReady(d.env_id, stimulus_id=d.stimulus_id))
+        chain = self.chains.get(d.env_id)
+        if chain:
+            self._submit_at(now + 0.05, chain.pop(0))
+
+    def load_service(self, d: LoadService) -> None:
+        self._at(self.clock.now_s + 0.2, ServiceReady(d.replica_id, stimulus_id=d.stimulus_id))
+
+    def start_action(self, d: StartAction) -> None:
+        self.started.add(d.action_id)
+        run = self.state.running[d.action_id]
+        self._at(max(run.expected_end_s, self.clock.now_s), ActionFinished(d.action_id, stimulus_id=d.stimulus_id))
+
+    def reject_action(self, d: RejectAction) -> None:
+        self.rejected.add(d.action_id)
+
+    def cancel_action(self, d: CancelAction) -> None:
+        raise AssertionError("the harness never cancels")
+
+    def release_env(self, d: ReleaseEnv) -> None:
+        pass
+
+    def evict_service(self, d: EvictService) -> None:
+        pass
+
+    # -- checks and driving ---------------------------------------------------------------
+    def _check_round(self, r: Round) -> None:
+        assert self.before is not None
+        check_step(self.before, r.events, r.decisions, self.loop.state)
+        self.before = self.loop.state
+        if r.wake_at is not None:
+            stuck = not r.events and not r.decisions and r.wake_at <= r.now_s
+            assert not stuck, f"livelock: a wake-up round at {r.now_s} did nothing and asked to wake at {r.wake_at}"
+        for e in r.events:
+            if isinstance(e, ActionFinished):
+                self._after_finish(e.action_id, r.now_s)
 
     def _after_finish(self, action_id: str, now: float) -> None:
         env = action_id.split("/")[0].replace("t", "e", 1) if action_id.startswith("t") else None
@@ -397,30 +469,16 @@ class Harness:
             self._at(now + 0.1, EnvReleased(env))
 
     def run(self, max_rounds: int = 2000) -> None:
-        wake: float | None = None
-        now = 0.0
         for _ in range(max_rounds):
-            if not self.timers and wake is None:
+            if not self.timers:
                 return
-            next_t = min(t for t in (self.timers[0][0] if self.timers else None, wake) if t is not None)
-            now = max(now, next_t)
-            events: list[Event] = []
-            while self.timers and self.timers[0][0] <= now:
-                events.append(heapq.heappop(self.timers)[2])  # type: ignore[arg-type]
-            if wake is not None and wake <= now:
-                wake = None
-            before = self.state
-            result = self.scheduler.step(self.state, tuple(events), now)
-            check_step(before, tuple(events), result.decisions, result.state)
-            self.state = result.state
-            self._react(result.decisions, now)
-            for e in events:
-                if isinstance(e, ActionFinished):
-                    self._after_finish(e.action_id, now)
-            if result.wake_at is not None:
-                stuck = not events and not result.decisions and result.wake_at <= now
-                assert not stuck, f"livelock: a wake-up round at {now} did nothing and asked to wake at {result.wake_at}"
-                wake = result.wake_at if wake is None else min(wake, result.wake_at)
+            self.clock.now_s = max(self.clock.now_s, self.timers[0][0])
+            while self.timers and self.timers[0][0] <= self.clock.now_s:
+                what = heapq.heappop(self.timers)[2]
+                if not isinstance(what, str):
+                    self.loop.post(what)
+            if self.loop.due():
+                self.loop.run_round()
         raise AssertionError(f"no quiescence after {max_rounds} rounds: queued {sorted(self.state.queued())}")
 
 

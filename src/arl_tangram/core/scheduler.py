@@ -116,8 +116,11 @@ class Scheduler:
             if rep is not None:
                 ed.w("replicas")[event.replica_id] = replace(rep, ready=True)
         elif isinstance(event, ReplicaFailed):
+            running = sorted(a for a, run in ed.running.items() if run.replica_id == event.replica_id)
+            ended = self._end_running(ed, running, f"replica_failed: {event.cause}", cause)
             if ledger.drop_replica(ed, event.replica_id) is not None:
                 ed.touch(None)
+            return ended
         elif isinstance(event, ServiceRegistered):
             ed.spec = add_service(ed.spec, event.service)
         elif isinstance(event, NodeJoined):
@@ -152,12 +155,21 @@ class Scheduler:
             return [CancelAction(action_id, ed.running[action_id].node_id, "cancelled by its client", cause)]
         return []
 
+    def _end_running(self, ed: StateEditor, action_ids: list[str], why: str, cause: str) -> list[Decision]:
+        """End running actions whose env, replica or node is gone: ``error`` once, here; the
+        executor stops whatever is left of them and reports nothing more."""
+        decisions: list[Decision] = []
+        for aid in action_ids:
+            ledger.finish_action(ed, aid, None)
+            decisions.append(ledger.reject(ed, aid, why, cause, "error"))
+        return decisions
+
     def _end_env(self, ed: StateEditor, env_id: str, why: str, outcome: str, cause: str) -> list[Decision]:
-        """Free an env and end its queued actions with ``outcome``; its running actions are
-        ended by their executor when the sandbox goes."""
+        """Free an env and end its queued and running actions with ``outcome``."""
         released = ed.envs.get(env_id)
         ed.touch(released.node_id if released else None)
-        decisions: list[Decision] = self._reject_bound(ed, "env", env_id, why, outcome, cause)
+        decisions = self._end_running(ed, list(ed.env_busy.get(env_id, ())), why, cause) if outcome == "error" else []
+        decisions += self._reject_bound(ed, "env", env_id, why, outcome, cause)
         order = ledger.release_env(ed, env_id, why, cause)
         if order is not None:
             decisions.append(order)
@@ -181,9 +193,7 @@ class Scheduler:
         ed.touch(None)
         why = f"node_lost: node {node_id} was lost"
         # Nobody is left to report these actions: the core ends them, once.
-        for aid in sorted(a for a, run in ed.running.items() if run.node_id == node_id):
-            ledger.finish_action(ed, aid, None)
-            decisions.append(ledger.reject(ed, aid, why, cause, "error"))
+        decisions += self._end_running(ed, sorted(a for a, run in ed.running.items() if run.node_id == node_id), why, cause)
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
             decisions.extend(self._reject_bound(ed, "env", env_id, why, "error", cause))
             ledger.release_env(ed, env_id, why, cause)  # nothing left to destroy there

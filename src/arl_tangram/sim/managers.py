@@ -1,5 +1,6 @@
-"""Sim: simulated managers. They carry out decisions with the platform's latencies and
-report back the events a real manager would (EnvReady, ServiceReady, ActionFinished).
+"""Sim: simulated managers, the simulator's executor on the shared controller loop. They
+carry out decisions with the platform's latencies and report back the events a real
+manager would (EnvReady, ServiceReady, ActionFinished), repeating each decision's stimulus id.
 
 Mechanism only: they never decide anything a policy should.
 """
@@ -11,16 +12,18 @@ from collections import deque
 from collections.abc import Callable
 
 from arl_tangram.core.decisions import (
-    Decision,
+    CancelAction,
     EvictService,
     LoadService,
     PlaceEnv,
     RejectAction,
+    ReleaseEnv,
     StartAction,
 )
 from arl_tangram.core.events import ActionFinished, EnvReady, Event, ServiceReady
 from arl_tangram.core.resources import MILLICORES_PER_CORE
 from arl_tangram.core.topology import ClusterSpec
+from arl_tangram.runtime.loop import Executor
 from arl_tangram.sim.engine import EventQueue
 from arl_tangram.sim.metrics import ActionRecord, Metrics
 from arl_tangram.sim.platform import Platform
@@ -45,7 +48,9 @@ class ProviderLimit:
         return True
 
 
-class SimManagers:
+class SimManagers(Executor):
+    """``instant_loads``: replicas load in zero time (static deployments up before the step)."""
+
     def __init__(
         self,
         queue: EventQueue,
@@ -53,7 +58,7 @@ class SimManagers:
         platform: Platform,
         metrics: Metrics,
         templates: dict[str, ActionTemplate],
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         on_done: Callable[[str, str], None],
         seed: int,
     ) -> None:
@@ -69,36 +74,35 @@ class SimManagers:
         self.replica_loaded_at: dict[str, tuple[float, int]] = {}
         self.env_held: dict[str, tuple[float, int]] = {}
         self.providers = {p.provider: ProviderLimit(p.rate_per_s) for p in cluster.quota_pools}
+        self.instant_loads = False
 
-    def apply(self, decisions: tuple[Decision, ...], instant_loads: bool = False) -> None:
-        for d in decisions:
-            if isinstance(d, PlaceEnv):
-                self._place_env(d)
-            elif isinstance(d, LoadService):
-                self._load(d, instant_loads)
-            elif isinstance(d, EvictService):
-                self._evict(d.replica_id)
-            elif isinstance(d, StartAction):
-                self._start(d)
-            elif isinstance(d, RejectAction):
-                self.metrics.rejected += 1
-                self.on_done(d.action_id, "rejected")
+    def reject_action(self, d: RejectAction) -> None:
+        self.metrics.rejected += 1
+        self.on_done(d.action_id, d.outcome)
 
-    def _place_env(self, d: PlaceEnv) -> None:
+    def cancel_action(self, d: CancelAction) -> None:
+        raise AssertionError("the simulated clients never cancel a running action")
+
+    def evict_service(self, d: EvictService) -> None:
+        self._evict(d.replica_id)
+
+    def place_env(self, d: PlaceEnv) -> None:
         self.env_held[d.env_id] = (self.q.now_s, d.held.cpu_millicores)
-        self.q.after(self.platform.env_start_s(self.rng), lambda: self.emit(EnvReady(d.env_id)))
+        ready = EnvReady(d.env_id, stimulus_id=d.stimulus_id)
+        self.q.after(self.platform.env_start_s(self.rng), lambda: self.emit(ready))
 
-    def release_env(self, env_id: str) -> None:
-        placed = self.env_held.pop(env_id, None)
+    def release_env(self, d: ReleaseEnv) -> None:
+        placed = self.env_held.pop(d.env_id, None)
         if placed and placed[1]:
             self.metrics.reserved["cpu"].add(placed[0], self.q.now_s, placed[1] / MILLICORES_PER_CORE)
 
-    def _load(self, d: LoadService, instant: bool) -> None:
+    def load_service(self, d: LoadService) -> None:
         service = self.cluster.services[d.service]
-        load_s = 0.0 if instant else service.weight_bytes / d.size / (self.platform.host_to_device_gbps * 1e9)
+        load_s = 0.0 if self.instant_loads else service.weight_bytes / d.size / (self.platform.host_to_device_gbps * 1e9)
         self.replica_ready_at[d.replica_id] = self.q.now_s + load_s
         self.replica_loaded_at[d.replica_id] = (self.q.now_s, d.size)
-        self.q.after(load_s, lambda: self.emit(ServiceReady(d.replica_id)))
+        ready = ServiceReady(d.replica_id, stimulus_id=d.stimulus_id)
+        self.q.after(load_s, lambda: self.emit(ready))
 
     def _evict(self, replica_id: str) -> None:
         loaded = self.replica_loaded_at.pop(replica_id, None)
@@ -109,11 +113,11 @@ class SimManagers:
     def close(self) -> None:
         """At the end of a run, account for what is still held."""
         for env_id in list(self.env_held):
-            self.release_env(env_id)
+            self.release_env(ReleaseEnv(env_id, None, "end of the run", "close"))
         for replica_id in list(self.replica_loaded_at):
             self._evict(replica_id)
 
-    def _start(self, d: StartAction) -> None:
+    def start_action(self, d: StartAction) -> None:
         tpl = self.templates[d.action_id]
         rec = self.metrics.actions[d.action_id]
         rec.start_s = self.q.now_s
@@ -144,7 +148,7 @@ class SimManagers:
         def finish() -> None:
             rec.end_s = self.q.now_s
             rec.outcome = "succeeded"
-            self.emit(ActionFinished(d.action_id, "succeeded", exec_s))
+            self.emit(ActionFinished(d.action_id, "succeeded", exec_s, stimulus_id=d.stimulus_id))
             self.on_done(d.action_id, "succeeded")
 
         self.q.at(end, finish)

@@ -1,7 +1,8 @@
 """Sim: one simulated RL step: a workload's trajectories driven through a policy on a cluster.
 
-The loop is the controller loop of the live system on a virtual clock: collect the
-events due now, ``scheduler.step``, hand the decisions to the (simulated) managers.
+The controller loop is the live system's own (``runtime.loop``) on a virtual clock: the
+event queue fires what is due, the loop steps the scheduler and hands the decisions to the
+simulated managers, its executor.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
-from arl_tangram.core.events import ActionSubmitted, EnvReleased, EnvRequested, Event
-from arl_tangram.core.invariants import validate
+from arl_tangram.core.events import ActionSubmitted, EnvReleased, EnvRequested
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
+from arl_tangram.runtime.loop import ControllerLoop, Round
 from arl_tangram.sim.engine import EventQueue
 from arl_tangram.sim.managers import SimManagers
 from arl_tangram.sim.metrics import ActionRecord, Metrics
@@ -31,6 +32,16 @@ class RunResult:
     metrics: Metrics
     rounds: int
     decisions: list[Any]
+
+
+class VirtualClock:
+    """The simulator's clock: the event queue's virtual time."""
+
+    def __init__(self, queue: EventQueue) -> None:
+        self.queue = queue
+
+    def now(self) -> float:
+        return self.queue.now_s
 
 
 class _Trajectory:
@@ -56,59 +67,46 @@ class Simulation:
         self.scheduler = Scheduler(policy)
         self.platform = platform
         self.workload = workload
-        self.check = check
-        self.keep_decisions = keep_decisions
         self.q = EventQueue()
         self.metrics = Metrics()
         self.templates: dict[str, ActionTemplate] = {}
-        self.pending: list[Event] = []
-        self.state = ClusterState.initial(cluster)
         self.trajectories: dict[str, _Trajectory] = {}
         self.owner: dict[str, str] = {}  # action id -> trajectory id
-        self.managers = SimManagers(self.q, cluster, platform, self.metrics, self.templates, self.pending.append, self._action_done, seed)
-        self._woken = False
-        self._wakes: set[float] = set()
-        self.rounds = 0
         self.decisions: list[Any] = []
+        self.loop = ControllerLoop(
+            self.scheduler, ClusterState.initial(cluster), VirtualClock(self.q), check=check,
+            log=self._log if keep_decisions else None, on_wake=lambda t: self.q.at(t, _advance),
+        )  # fmt: skip
+        self.managers = SimManagers(self.q, cluster, platform, self.metrics, self.templates, self.loop.post, self._action_done, seed)
+        self.loop.attach(self.managers)
+
+    @property
+    def state(self) -> ClusterState:
+        return self.loop.state
 
     def run(self) -> RunResult:
-        boot = self.scheduler.bootstrap(self.state)
-        self.state = boot.state
-        self.managers.apply(boot.decisions, instant_loads=True)  # static deployments are up before the step
+        self.managers.instant_loads = True  # static deployments are up before the step
+        self.loop.bootstrap()
+        self.managers.instant_loads = False
         for plan in self.workload.trajectories:
             self.q.at(plan.start_s, functools.partial(self._start_trajectory, plan))
-        while self.q or self.pending:
+        while self.q or self.loop.pending:
             for callback in self.q.pop_due():
                 callback()
-            self._round()
+            if self.loop.due():
+                self.loop.run_round()
         self.managers.close()
-        return RunResult(self.scheduler.policy.name, self.platform.name, self.metrics, self.rounds, self.decisions)
+        # The bootstrap is not a round of the step.
+        return RunResult(self.scheduler.policy.name, self.platform.name, self.metrics, self.loop.rounds - 1, self.decisions)
 
-    def _round(self) -> None:
-        events, self.pending[:] = list(self.pending), []
-        if not events and not self._woken:
-            return
-        self._woken = False
-        result = self.scheduler.step(self.state, events, self.q.now_s)
-        self.rounds += 1
-        self.state = result.state
-        if self.check:
-            validate(self.state)
-        if self.keep_decisions:
-            self.decisions.extend(result.decisions)
-        self.managers.apply(result.decisions)
-        if result.wake_at is not None and result.wake_at not in self._wakes:
-            self._wakes.add(result.wake_at)
-            self.q.at(result.wake_at, self._wake)
-
-    def _wake(self) -> None:
-        self._woken = True
+    def _log(self, entry: Round) -> None:
+        self.decisions.extend(entry.decisions)
 
     def _start_trajectory(self, plan: TrajectoryPlan) -> None:
         traj = _Trajectory(plan)
         self.trajectories[plan.trajectory_id] = traj
         if plan.env_mem_bytes is not None:
-            self.pending.append(EnvRequested(EnvSpec(self._env_id(plan), plan.env_mem_bytes, plan.tenant, plan.trajectory_id)))
+            self.loop.post(EnvRequested(EnvSpec(self._env_id(plan), plan.env_mem_bytes, plan.tenant, plan.trajectory_id)))
         self._next_phase(traj)
 
     @staticmethod
@@ -120,8 +118,7 @@ class Simulation:
         if traj.phase >= len(plan.phases):
             self.metrics.trajectory_end_s[plan.trajectory_id] = self.q.now_s
             if plan.env_mem_bytes is not None:
-                self.pending.append(EnvReleased(self._env_id(plan)))
-                self.managers.release_env(self._env_id(plan))
+                self.loop.post(EnvReleased(self._env_id(plan)))
             return
         think_s, tpl = plan.phases[traj.phase]
         action_id = f"{plan.trajectory_id}/{traj.phase}"
@@ -137,8 +134,12 @@ class Simulation:
         self.templates[action_id] = tpl
         self.owner[action_id] = plan.trajectory_id
         self.metrics.actions[action_id] = ActionRecord(action_id, tpl.kind, tpl.category, self.q.now_s)
-        self.pending.append(ActionSubmitted(spec))
+        self.loop.post(ActionSubmitted(spec))
 
     def _action_done(self, action_id: str, outcome: str) -> None:
         traj = self.trajectories[self.owner[action_id]]
         self._next_phase(traj)
+
+
+def _advance() -> None:
+    """An entry at a wake-up time: the queue moves the clock there, then the loop is due."""
