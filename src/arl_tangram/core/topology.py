@@ -96,7 +96,8 @@ class ClusterSpec:
 
 def add_node(cluster: ClusterSpec, node: CpuNodeSpec | GpuNodeSpec) -> ClusterSpec:
     """``cluster`` with ``node`` added; ``SpecError`` if a node of that id exists."""
-    if any(n.node_id == node.node_id for n in (*cluster.cpu_nodes, *cluster.gpu_nodes)):
+    known = {n.node_id for n in cluster.cpu_nodes} | {n.node_id for n in cluster.gpu_nodes}
+    if node.node_id in known:
         raise SpecError("node.node_id", "must be unique in the cluster", node.node_id)
     if isinstance(node, CpuNodeSpec):
         return replace(cluster, cpu_nodes=(*cluster.cpu_nodes, node))

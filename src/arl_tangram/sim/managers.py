@@ -76,6 +76,9 @@ class SimManagers(Executor):
         self.providers = {p.provider: ProviderLimit(p.rate_per_s) for p in cluster.quota_pools}
         self.instant_loads = False
 
+    def _report(self, event: Event) -> None:
+        self.emit(event)
+
     def reject_action(self, d: RejectAction) -> None:
         self.metrics.rejected += 1
         self.on_done(d.action_id, d.outcome)
@@ -89,7 +92,7 @@ class SimManagers(Executor):
     def place_env(self, d: PlaceEnv) -> None:
         self.env_held[d.env_id] = (self.q.now_s, d.held.cpu_millicores)
         ready = EnvReady(d.env_id, stimulus_id=d.stimulus_id)
-        self.q.after(self.platform.env_start_s(self.rng), lambda: self.emit(ready))
+        self.q.after(self.platform.env_start_s(self.rng), lambda: self._report(ready))
 
     def release_env(self, d: ReleaseEnv) -> None:
         placed = self.env_held.pop(d.env_id, None)
@@ -102,7 +105,7 @@ class SimManagers(Executor):
         self.replica_ready_at[d.replica_id] = self.q.now_s + load_s
         self.replica_loaded_at[d.replica_id] = (self.q.now_s, d.size)
         ready = ServiceReady(d.replica_id, stimulus_id=d.stimulus_id)
-        self.q.after(load_s, lambda: self.emit(ready))
+        self.q.after(load_s, lambda: self._report(ready))
 
     def _evict(self, replica_id: str) -> None:
         loaded = self.replica_loaded_at.pop(replica_id, None)
