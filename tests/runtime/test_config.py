@@ -1,0 +1,214 @@
+"""The configuration file: TOML and YAML, embedded defaults, every rule's error naming the
+field path, secrets kept out of errors, and the core's quota pools built from providers."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.core.policies.elastic import ElasticPolicy
+from arl_tangram.core.policies.k8s_static import K8sStaticPolicy
+from arl_tangram.core.topology import QuotaPoolSpec
+from arl_tangram.runtime.config import (
+    ConfigError,
+    TangramConfig,
+    load_config,
+    parse_config,
+    parse_size_bytes,
+    quota_pools,
+)
+
+FULL = textwrap.dedent(
+    """
+    [scheduler]
+    policy = "k8s-static"
+    params = { pod_millicores = 2000 }
+
+    [cpu]
+    pool_size = 4
+    mem_bytes = "2GiB"
+    pids_max = 256
+    workspace_bytes = "1GiB"
+    tmp_bytes = 134217728
+
+    [gpu]
+    devices = 2
+    device_mem_bytes = "4GiB"
+
+    [[providers]]
+    name = "search"
+    base_url = "http://127.0.0.1:8001"
+    keys = ["sk-a", "sk-b"]
+    rps = 5
+    tokens_per_min = 100000
+    max_concurrency = 3
+
+    [[providers]]
+    name = "judge"
+    base_url = "https://api.example.com/v1"
+    keys_env = "JUDGE_KEYS"
+    rps = 2.5
+    auth_header = "x-api-key"
+    auth_scheme = ""
+
+    [[services]]
+    name = "reward/minilm"
+    folder = "/models/all-MiniLM-L6-v2"
+    handler = "score"
+
+    [[services]]
+    name = "teacher"
+    module = "my_models.teacher:build"
+    handler = "logprobs"
+    devices_min = 2
+    devices_max = 8
+    weight_bytes = "16GiB"
+    """
+)
+ENV = {"JUDGE_KEYS": "jk-1, jk-2 jk-3"}
+
+
+def test_no_file_gives_the_embedded_defaults() -> None:
+    config = load_config(None)
+    assert config == TangramConfig()
+    assert (config.scheduler.policy, config.gpu.devices) == ("elastic", "auto")
+    assert config.providers == () and config.services == () and quota_pools(config) == ()
+    assert isinstance(config.scheduler.make_policy(), ElasticPolicy)
+    assert parse_config("") == TangramConfig()
+
+
+def test_full_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "tangram.toml"
+    path.write_text(FULL)
+    config = load_config(path, environ=ENV)
+    assert config.source == str(path)
+    assert isinstance(config.scheduler.make_policy(), K8sStaticPolicy)
+    assert config.scheduler.params == {"pod_millicores": 2000}
+    assert (config.cpu.pool_size, config.cpu.mem_bytes, config.cpu.tmp_bytes) == (4, 2 << 30, 128 << 20)
+    assert (config.gpu.devices, config.gpu.device_mem_bytes) == (2, 4 << 30)
+    search, judge = config.providers
+    assert search.keys == ("sk-a", "sk-b") and search.rate_per_s == 5.0 and search.tokens_per_min == 100000
+    assert judge.keys == ("jk-1", "jk-2", "jk-3") and judge.auth_value("jk-1") == "jk-1"
+    assert judge.auth_header == "x-api-key" and judge.tokens_per_min is None
+    minilm, teacher = config.services
+    assert (minilm.folder, minilm.module, minilm.handler) == ("/models/all-MiniLM-L6-v2", None, "score")
+    assert (teacher.devices_min, teacher.devices_max, teacher.weight_bytes) == (2, 8, 16 << 30)
+    with pytest.raises(AttributeError):
+        config.cpu.pool_size = 1  # type: ignore[misc]
+
+
+def test_quota_pools_sum_the_keys_limits() -> None:
+    config = parse_config(FULL, environ=ENV)
+    assert quota_pools(config) == (
+        QuotaPoolSpec("search", max_concurrency=6, rate_per_s=10.0),
+        QuotaPoolSpec("judge", max_concurrency=24, rate_per_s=7.5),
+    )
+
+
+def test_yaml_file(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    path = tmp_path / "tangram.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            scheduler: {policy: fixed-dop, params: {dop: 2}}
+            providers:
+              - {name: search, base_url: "http://127.0.0.1:9", keys: [k1], rps: 3}
+            """
+        )
+    )
+    config = load_config(path)
+    assert config.scheduler.policy == "fixed-dop"
+    assert quota_pools(config) == (QuotaPoolSpec("search", max_concurrency=8, rate_per_s=3.0),)
+
+
+PROVIDER = 'name = "p"\nbase_url = "http://127.0.0.1:9"\nkeys = ["k"]\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "rule"),
+    [
+        (f"[[providers]]\n{PROVIDER}\n[[providers]]\n{PROVIDER.replace('p', 'q', 1)}rps = 0\n", "providers[1].rps", "must be a finite number > 0"),
+        (f"[[providers]]\n{PROVIDER}rps = nan\n", "providers[0].rps", "must be a finite number > 0"),
+        (f"[[providers]]\n{PROVIDER}rps = true\n", "providers[0].rps", "must be a finite number > 0"),
+        (f"[[providers]]\n{PROVIDER}tokens_per_min = 0\n", "providers[0].tokens_per_min", "must be an integer >= 1"),
+        (f"[[providers]]\n{PROVIDER}max_concurrency = 1.5\n", "providers[0].max_concurrency", "must be an integer >= 1"),
+        (f"[[providers]]\n{PROVIDER}burst = 0.5\n", "providers[0].burst", ">= 1"),
+        (f"[[providers]]\n{PROVIDER}auth_scheme = 3\n", "providers[0].auth_scheme", "must be a string"),
+        (f"[[providers]]\n{PROVIDER}ratelimit = 3\n", "providers[0].ratelimit", "is not a known key"),
+        (f"[[providers]]\n{PROVIDER.replace('http://', 'ftp://')}", "providers[0].base_url", "http://"),
+        (f"[[providers]]\n{PROVIDER}\n[[providers]]\n{PROVIDER}", "providers[1].name", "must be unique"),
+        ('[[providers]]\nname = "p"\nbase_url = "http://x"\n', "providers[0].keys", "exactly one of keys or keys_env"),
+        ('[[providers]]\nname = "p"\nbase_url = "http://x"\nkeys_env = "NOPE_UNSET"\n', "providers[0].keys_env", "environment variable that is set"),
+        ('[[providers]]\nname = "p"\nbase_url = "http://x"\nkeys = []\n', "providers[0].keys", "non-empty list"),
+        ('[[providers]]\nname = "bad name"\nbase_url = "http://x"\nkeys = ["k"]\n', "providers[0].name", "letters, digits"),
+        ('[scheduler]\npolicy = "fastest"\n', "scheduler.policy", "must be one of elastic"),
+        ('[scheduler]\npolicy = "elastic"\nparams = { depht = 3 }\n', "scheduler.params", "depht"),
+        ('[scheduler]\nmode = "x"\n', "scheduler.mode", "is not a known key"),
+        ("[cpu]\npool_size = -1\n", "cpu.pool_size", "must be an integer >= 0"),
+        ('[cpu]\nmem_bytes = "2 gigs"\n', "cpu.mem_bytes", "size such as"),
+        ('[cpu]\nmem_bytes = "1MiB"\n', "cpu.mem_bytes", ">= 16777216 bytes"),
+        ("[cpu]\npids_max = 2\n", "cpu.pids_max", "must be an integer >= 8"),
+        ("[gpu]\ndevices = 3\n", "gpu.devices", '"auto" or a count'),
+        ('[gpu]\ndevices = "cuda"\n', "gpu.devices", '"auto" or a count'),
+        ("[gpu]\nmem_fraction = 1.5\n", "gpu.mem_fraction", "in (0, 1]"),
+        ('[[services]]\nname = "s"\nhandler = "score"\n', "services[0].folder", "exactly one of folder or module"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "chat"\n', "services[0].handler", "embed, score, logprobs"),
+        ('[[services]]\nname = "s"\nmodule = "no_colon"\nhandler = "embed"\n', "services[0].module", "package.module:factory"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ndevices_max = 3\n', "services[0].devices_max", "1, 2, 4 or 8"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ndevices_min = 4\ndevices_max = 2\n', "services[0].devices_min", "<= devices_max"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ngpus = 1\n', "services[0].gpus", "is not a known key"),
+        ('[network]\nport = 1\n', "network", "is not a known key"),
+        ("cpu = 3\n", "cpu", "must be a table"),
+        ("providers = 3\n", "providers", "array of tables"),
+        ("[cpu\n", "<file>", "must be valid TOML"),
+    ],
+)
+def test_bad_fields_are_named_with_their_rule(text: str, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, environ={})
+    assert info.value.field == field
+    assert rule in info.value.rule
+    assert str(info.value).startswith(f"{field}: ")
+
+
+def test_errors_never_print_keys(tmp_path: Path) -> None:
+    secret = "sk-live-NEVER-PRINT"
+    for text in (
+        f'[[providers]]\nname = "p"\nbase_url = "http://x"\nkeys = ["{secret}", ""]\n',
+        f'[[providers]]\nname = "p"\nbase_url = "http://x"\nkeys = ["{secret}"]\nkeys_env = "K"\n',
+        f'[[providers]]\nname = "p"\nbase_url = "http://x"\napi_keys = ["{secret}"]\n',
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(text, environ={"K": secret})
+        assert secret not in str(info.value)
+    config = parse_config(f'[[providers]]\nname = "p"\nbase_url = "http://x"\nkeys = ["{secret}"]\n')
+    assert secret not in repr(config)
+
+
+def test_missing_file_and_yaml_syntax(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "absent.toml")
+    assert info.value.field == "path"
+    pytest.importorskip("yaml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("providers: [unclosed\n")
+    with pytest.raises(ConfigError, match="must be valid YAML"):
+        load_config(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a table"):
+        load_config(listing)
+
+
+def test_sizes() -> None:
+    assert parse_size_bytes("512MiB", "x") == 512 << 20
+    assert parse_size_bytes("1.5GiB", "x") == 3 << 29
+    assert parse_size_bytes("2GB", "x") == 2 * 10**9
+    assert parse_size_bytes("4096", "x") == 4096
+    assert parse_size_bytes(4096, "x") == 4096
+    for bad in (0, -1, True, "0B", "many"):
+        with pytest.raises(ConfigError):
+            parse_size_bytes(bad, "x")
