@@ -41,7 +41,7 @@ ALLOWED_PROJECT_DEPS: dict[str, set[str]] = {
     "integrations": {"client"},
     "bench": {"runtime", "client", "agent", "backends", "managers", "core", "sim"},
     "cli": {"runtime", "client", "agent", "backends", "managers", "core", "sim", "bench", "api", "integrations"},
-    "": {"core"},  # the package's own __init__
+    "": {"core", "client"},  # the package's own __init__ (connect, imported lazily)
 }
 LAYERS = set(ALLOWED_PROJECT_DEPS) - {""}
 

@@ -1,1 +1,9 @@
-"""client package."""
+"""The SDK: ``connect()`` -> ``AsyncClient`` (``create_env``, ``env.exec``, files, sessions,
+``call``), and the synchronous ``Client``; results are ``ActionResult`` s."""
+
+from arl_tangram.client.client import AsyncClient, Elastic, Env, Session
+from arl_tangram.client.connect import Client, Connection, SyncEnv, connect
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.actions import ActionResult
+
+__all__ = ["ActionResult", "AsyncClient", "Client", "Connection", "Elastic", "Env", "Session", "SpecError", "SyncEnv", "connect"]

@@ -1,0 +1,285 @@
+"""Shell: the live executor, which carries the controller's decisions out on node agents.
+
+Runs on the controller's asyncio thread. Every handler returns at once: blocking manager
+calls (a fork, a copy, a model call) go to a bounded pool of worker threads, API calls are
+coroutines, and each piece of work is a tracked task, so ``aclose`` can end them all. What
+happens is reported back through the loop's sink with the decision's stimulus id:
+``EnvReady`` / ``EnvFailed``, ``ServiceReady`` / ``ReplicaFailed``, ``ActionFinished``.
+Each action's terminal result goes to the ``ActionStore`` (first wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from arl_tangram.agent.node import NodeAgent
+from arl_tangram.agent.runs import run_api, run_exec, run_service
+from arl_tangram.core.decisions import (
+    CancelAction,
+    EvictService,
+    LoadService,
+    PlaceEnv,
+    RejectAction,
+    ReleaseEnv,
+    StartAction,
+)
+from arl_tangram.core.events import (
+    ActionFinished,
+    EnvFailed,
+    EnvReady,
+    Event,
+    ReplicaFailed,
+    ServiceReady,
+)
+from arl_tangram.managers.cpu.config import SandboxSpec
+from arl_tangram.runtime.actions import (
+    ActionRecord,
+    ActionResult,
+    ActionStore,
+    ApiPayload,
+    ExecPayload,
+    NoopPayload,
+    ServicePayload,
+)
+from arl_tangram.runtime.loop import Executor
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DEFAULT_WORKER_THREADS = 64  # blocking manager calls in flight at once (most wait on a child)
+
+
+class LiveExecutor(Executor):
+    """Decisions -> manager calls. ``agents`` maps the core's node ids to their agent;
+    ``post`` is the loop's sink; ``env_specs`` gives the sandbox limits of an env id."""
+
+    def __init__(
+        self,
+        agents: Mapping[str, NodeAgent],
+        store: ActionStore,
+        post: Callable[[Event], object],
+        env_specs: Callable[[str], SandboxSpec | None],
+        *,
+        worker_threads: int = DEFAULT_WORKER_THREADS,
+    ) -> None:
+        self.agents = dict(agents)
+        self.store = store
+        self.post = post
+        self.env_specs = env_specs
+        self.pool = concurrent.futures.ThreadPoolExecutor(worker_threads, thread_name_prefix="tangram-worker")
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.env_waiters: dict[str, asyncio.Future[str | None]] = {}  # env id -> None or why it failed
+        self.replica_ready: dict[str, asyncio.Future[str | None]] = {}  # replica id -> None or why it failed
+        self.replica_nodes: dict[str, str] = {}  # replica id -> the node it was loaded on
+        self.cancels: dict[str, threading.Event] = {}  # running action -> its cancel flag
+        self.running_tasks: dict[str, asyncio.Task[Any]] = {}
+        self.closed = False
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self._reap)
+        return task
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("executor task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking manager call on a worker thread; the event loop never waits on it."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    def _agent(self, node_id: str) -> NodeAgent:
+        return self.agents[node_id]
+
+    # -- envs ---------------------------------------------------------------------------
+    def place_env(self, d: PlaceEnv) -> None:
+        self._spawn(self._create_env(d), f"place-env:{d.env_id}")
+
+    async def _create_env(self, d: PlaceEnv) -> None:
+        agent = self._agent(d.node_id)
+        cpu = agent.cpu
+        try:
+            if cpu is None:
+                raise RuntimeError(f"node {d.node_id} has no CPU manager")
+            await self.blocking(cpu.create_sandbox, self.env_specs(d.env_id), sandbox_id=d.env_id)
+            if d.held.cpu_millicores:
+                # A pod-style holding is a real cgroup limit for the env's life.
+                await self.blocking(cpu.hold, d.env_id, d.held.cpu_millicores, d.numa_millicores or None)
+        except Exception as exc:  # any failure to start is the env's, reported, never raised
+            why = f"{type(exc).__name__}: {exc}"
+            self.post(EnvFailed(d.env_id, why, stimulus_id=d.stimulus_id))
+            self._resolve_env(d.env_id, why)
+            return
+        self.post(EnvReady(d.env_id, stimulus_id=d.stimulus_id))
+        self._resolve_env(d.env_id, None)
+
+    def _resolve_env(self, env_id: str, failure: str | None) -> None:
+        waiter = self.env_waiters.pop(env_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(failure)
+
+    def release_env(self, d: ReleaseEnv) -> None:
+        self._resolve_env(d.env_id, d.reason)
+        if d.node_id is not None:
+            self._spawn(self._destroy_env(d), f"release-env:{d.env_id}")
+
+    async def _destroy_env(self, d: ReleaseEnv) -> None:
+        cpu = self._agent(d.node_id or "").cpu
+        if cpu is None or d.env_id not in await self.blocking(cpu.list_sandboxes):
+            return  # never created, or already gone with a failure
+        try:
+            await self.blocking(cpu.destroy_sandbox, d.env_id)
+        except Exception:
+            log.exception("destroying env %s failed", d.env_id)
+
+    # -- replicas -----------------------------------------------------------------------
+    def load_service(self, d: LoadService) -> None:
+        self.replica_ready[d.replica_id] = asyncio.get_running_loop().create_future()
+        self.replica_nodes[d.replica_id] = d.node_id
+        self._spawn(self._load(d), f"load:{d.replica_id}")
+
+    async def _load(self, d: LoadService) -> None:
+        gpu = self._agent(d.node_id).gpu
+        failure: str | None = None
+        try:
+            if gpu is None:
+                raise RuntimeError(f"node {d.node_id} has no GPU manager")
+            await self.blocking(gpu.load, d.replica_id, d.service, list(range(d.offset, d.offset + d.size)))
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        event: Event = ServiceReady(d.replica_id, stimulus_id=d.stimulus_id)
+        if failure is not None:
+            event = ReplicaFailed(d.replica_id, failure, stimulus_id=d.stimulus_id)
+        self.post(event)
+        ready = self.replica_ready.get(d.replica_id)
+        if ready is not None and not ready.done():
+            ready.set_result(failure)
+
+    def evict_service(self, d: EvictService) -> None:
+        self.replica_ready.pop(d.replica_id, None)
+        node_id = self.replica_nodes.pop(d.replica_id, "")
+        self._spawn(self._evict(node_id, d.replica_id), f"evict:{d.replica_id}")
+
+    async def _evict(self, node_id: str, replica_id: str) -> None:
+        agent = self.agents.get(node_id)
+        if agent is None or agent.gpu is None:
+            return
+        try:
+            await self.blocking(agent.gpu.evict, replica_id)
+        except Exception:
+            log.exception("evicting replica %s failed", replica_id)
+
+    # -- actions ------------------------------------------------------------------------
+    def start_action(self, d: StartAction) -> None:
+        record = self.store.get(d.action_id)
+        if record is None:  # submitted by someone else (a test driving the core directly)
+            self.post(ActionFinished(d.action_id, "error", None, stimulus_id=d.stimulus_id))
+            return
+        record.started_s = time.monotonic()
+        record.node_id, record.dop = d.node_id, d.dop
+        if isinstance(record.payload, NoopPayload):
+            self._finish(record, d, ActionResult(d.action_id, record.spec.kind, "succeeded"), 0.0)
+            return
+        self.cancels[d.action_id] = threading.Event()
+        self.running_tasks[d.action_id] = self._spawn(self._run(record, d), f"action:{d.action_id}")
+
+    async def _run(self, record: ActionRecord, d: StartAction) -> None:
+        payload = record.payload
+        cancel = self.cancels[d.action_id]
+        try:
+            if isinstance(payload, ExecPayload):
+                result, exec_s = await run_exec(self, self._agent(d.node_id), record, d, payload, cancel)
+            elif isinstance(payload, ServicePayload):
+                result, exec_s = await run_service(self, self._agent(d.node_id), record, d, payload)
+            elif isinstance(payload, ApiPayload):
+                result, exec_s = await run_api(self._api_agent(), record, payload)
+            else:
+                raise TypeError(f"no runner for {type(payload).__name__}")
+        except asyncio.CancelledError:
+            result, exec_s = ActionResult(d.action_id, record.spec.kind, "cancelled", cause="cancelled"), 0.0
+        except Exception as exc:  # a manager's failure is this action's error, never the loop's
+            log.debug("action %s failed in its manager", d.action_id, exc_info=True)
+            result, exec_s = ActionResult(d.action_id, record.spec.kind, "error", cause=f"{type(exc).__name__}: {exc}"), 0.0
+        finally:
+            self.cancels.pop(d.action_id, None)
+            self.running_tasks.pop(d.action_id, None)
+        self._finish(record, d, result, exec_s)
+
+    def _api_agent(self) -> NodeAgent:
+        for agent in self.agents.values():
+            if agent.api is not None:
+                return agent
+        raise RuntimeError("no node has an API manager")
+
+    def _finish(self, record: ActionRecord, d: StartAction, result: ActionResult, exec_s: float) -> None:
+        now = time.monotonic()
+        started = record.started_s if record.started_s is not None else now
+        queue_s = max(0.0, started - record.submitted_s)
+        act_s = max(0.0, now - record.submitted_s)
+        exec_s = min(max(0.0, exec_s), act_s - queue_s)
+        timed = _with_times(result, queue_s, exec_s, max(0.0, act_s - queue_s - exec_s), d.dop, d.node_id)
+        self.store.complete(d.action_id, timed)
+        self.post(ActionFinished(d.action_id, result.outcome, exec_s or None, stimulus_id=d.stimulus_id))
+
+    def reject_action(self, d: RejectAction) -> None:
+        record = self.store.get(d.action_id)
+        task = self.running_tasks.get(d.action_id)
+        if task is not None:  # the core ended a running action (its env, replica or node is gone)
+            self._stop(d.action_id)
+        if record is None:
+            return
+        now = time.monotonic()
+        started = record.started_s
+        queue_s = max(0.0, (started if started is not None else now) - record.submitted_s)
+        self.store.complete(d.action_id, ActionResult(
+            d.action_id, record.spec.kind, d.outcome, queue_s=queue_s,
+            overhead_s=max(0.0, now - record.submitted_s - queue_s), node_id=record.node_id, cause=d.reason,
+        ))  # fmt: skip
+
+    def cancel_action(self, d: CancelAction) -> None:
+        self._stop(d.action_id)
+
+    def _stop(self, action_id: str) -> None:
+        """Stop a running action: an exec's cancel flag kills its processes (it then ends
+        ``cancelled``); other work is cancelled as a task."""
+        flag = self.cancels.get(action_id)
+        if flag is not None:
+            flag.set()
+        record = self.store.get(action_id)
+        task = self.running_tasks.get(action_id)
+        if task is not None and record is not None and not isinstance(record.payload, ExecPayload):
+            task.cancel()
+
+    # -- shutdown -----------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Stop everything in flight; each unfinished action ends ``cancelled``."""
+        self.closed = True
+        for flag in list(self.cancels.values()):
+            flag.set()
+        for task in list(self.tasks):
+            if task.get_name().startswith("action:") and not isinstance(self._payload_of(task), ExecPayload):
+                task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        for waiter in [*self.env_waiters.values(), *self.replica_ready.values()]:
+            if not waiter.done():
+                waiter.set_result("the controller closed")
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _payload_of(self, task: asyncio.Task[Any]) -> object:
+        record = self.store.get(task.get_name().split(":", 1)[1])
+        return None if record is None else record.payload
+
+
+def _with_times(result: ActionResult, queue_s: float, exec_s: float, overhead_s: float, dop: int, node_id: str) -> ActionResult:
+    return replace(result, queue_s=queue_s, exec_s=exec_s, overhead_s=overhead_s, dop=dop, node_id=node_id)

@@ -1,0 +1,65 @@
+"""Shell: the node agent, which owns the managers of one node and reports its real capacity.
+
+Mechanism only: it is told which env, grant, NUMA split, replica and devices to use (by the
+controller's decisions) and obeys. Its CPU and GPU calls block (forks, copies, model calls),
+so its callers run them on worker threads; its API calls are coroutines.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
+from arl_tangram.managers.api.manager import ApiManager
+from arl_tangram.managers.cpu.manager import CpuManager
+from arl_tangram.managers.gpu.manager import GpuManager
+
+# Of the host's memory, what sandboxes may hold in all (the rest: the host, the models' host
+# copies, the controller). An assumption; configurable per agent.
+DEFAULT_SANDBOX_MEMORY_SHARE = 0.5
+
+
+@dataclass
+class NodeAgent:
+    """The managers of one node under the node ids the controller knows them by."""
+
+    node_id: str
+    cpu: CpuManager | None = None
+    gpu: GpuManager | None = None
+    api: ApiManager | None = None
+    sandbox_memory_share: float = DEFAULT_SANDBOX_MEMORY_SHARE
+
+    @property
+    def cpu_node_id(self) -> str:
+        return f"{self.node_id}/cpu"
+
+    @property
+    def gpu_node_id(self) -> str:
+        return f"{self.node_id}/gpu"
+
+    def cpu_node_spec(self) -> CpuNodeSpec | None:
+        """The node's real cores per NUMA domain and the memory sandboxes may hold."""
+        if self.cpu is None:
+            return None
+        numa_cores = self.cpu.numa_cores()
+        mem_bytes = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.sandbox_memory_share)
+        return CpuNodeSpec(self.cpu_node_id, tuple(numa_cores), mem_bytes)
+
+    def gpu_node_spec(self) -> GpuNodeSpec | None:
+        """The node's devices (CUDA, or CPU devices with a memory budget) as one GPU node.
+        The core places whole aligned chunks of devices, so a count that is not 1, 2, 4 or
+        8 is rounded down to one."""
+        if self.gpu is None:
+            return None
+        capacity = self.gpu.device_capacity_bytes()
+        usable = max(n for n in (1, 2, 4, 8) if n <= max(1, len(capacity)))
+        return GpuNodeSpec(self.gpu_node_id, usable, min(capacity[:usable]))
+
+    def service_spec(self, name: str, devices_min: int = 1, devices_max: int = 1) -> ServiceSpec:
+        """The core's view of a registered service: its weight bytes and replica sizes."""
+        if self.gpu is None:
+            raise LookupError("this node has no GPU manager")
+        info = self.gpu.service_info(name)
+        return ServiceSpec(name, int(info.weight_bytes), devices_min, devices_max)

@@ -1,0 +1,87 @@
+"""Shell: how each kind of live action runs on its manager, and what its result says.
+
+Called by ``LiveExecutor`` on the controller's event loop; blocking manager calls go through
+the executor's worker threads. Each runner returns the action's result and the execution
+time its manager measured (the rest of the action completion time is overhead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from arl_tangram.agent.node import NodeAgent
+from arl_tangram.core.decisions import StartAction
+from arl_tangram.managers.api.results import ApiRequest
+from arl_tangram.runtime.actions import (
+    ActionRecord,
+    ActionResult,
+    ApiPayload,
+    ExecPayload,
+    ServicePayload,
+)
+
+if TYPE_CHECKING:
+    from arl_tangram.agent.executor import LiveExecutor
+
+
+async def run_exec(
+    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ExecPayload, cancel: threading.Event
+) -> tuple[ActionResult, float]:
+    """A command in the env's sandbox (or one of its sessions) with exactly the decision's
+    grant: its millicores, split over NUMA domains as the decision names, at its DoP."""
+    cpu = agent.cpu
+    if cpu is None:
+        raise RuntimeError(f"node {d.node_id} has no CPU manager")
+    grant: dict[str, Any] = {
+        "millicores": d.grant.cpu_millicores,
+        "numa_millicores": d.numa_millicores or None,
+        "dop": d.dop,
+    }
+    common: dict[str, Any] = {"stdin": p.stdin, "timeout_s": p.timeout_s, "cancel": cancel, **grant}
+    if p.session_id is not None:
+        res = await ex.blocking(cpu.run_in_session, p.session_id, p.command, **common)
+    else:
+        env = dict(p.env) if p.env else None
+        res = await ex.blocking(cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, **common)
+    outcome = str(getattr(res.outcome, "value", res.outcome))
+    result = ActionResult(
+        record.spec.action_id, record.spec.kind, outcome, exit_code=res.exit_code,
+        stdout=res.stdout_text, stderr=res.stderr_text, cause=res.error,
+        stdout_truncated=res.stdout_truncated, stderr_truncated=res.stderr_truncated,
+        cpu_s=res.cpu_s, peak_mem_bytes=res.peak_mem_bytes,
+    )  # fmt: skip
+    return result, float(res.wall_s)
+
+
+async def run_service(
+    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ServicePayload
+) -> tuple[ActionResult, float]:
+    """A request to the replica the decision names, once that replica has loaded."""
+    gpu = agent.gpu
+    if gpu is None or d.replica_id is None:
+        raise RuntimeError(f"node {d.node_id} has no GPU manager, or no replica was named")
+    ready = ex.replica_ready.get(d.replica_id)
+    if ready is not None:
+        failure = await asyncio.shield(ready)
+        if failure is not None:
+            return ActionResult(d.action_id, record.spec.kind, "error", cause=f"replica_failed: {failure}"), 0.0
+    started = time.monotonic()
+    output = await ex.blocking(gpu.run, d.replica_id, p.request)
+    return ActionResult(d.action_id, record.spec.kind, "succeeded", output=output), time.monotonic() - started
+
+
+async def run_api(agent: NodeAgent, record: ActionRecord, p: ApiPayload) -> tuple[ActionResult, float]:
+    """A call to the bound provider; waiting for a key's quota counts as overhead."""
+    api = agent.api
+    if api is None:
+        raise RuntimeError("no API manager")
+    started = time.monotonic()
+    request = ApiRequest(p.method, p.path, p.json, dict(p.params) or None)
+    res = await api.call(record.spec.binding.name, request, tokens=p.tokens, timeout_s=p.timeout_s)
+    result = ActionResult(
+        record.spec.action_id, record.spec.kind, res.outcome, exit_code=res.status, output=res.body, cause=res.cause,
+    )  # fmt: skip
+    return result, max(0.0, time.monotonic() - started - res.waited_s)

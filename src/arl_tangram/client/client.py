@@ -1,0 +1,218 @@
+"""Shell: the SDK rollouts are written against: ``AsyncClient``, its ``Env`` s and sessions.
+
+Every call becomes one action that ARL-Tangram schedules (an exec, a session command, a
+service call, an API call), except host-side file calls, which need no CPU and work while
+the env is frozen. Results are ``ActionResult`` s whatever the outcome; bad input raises
+``SpecError`` naming the field and the rule, before anything is queued.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from arl_tangram.client.transport import Transport
+from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
+from arl_tangram.core.elasticity import Amdahl, ElasticityModel, NonElastic, Table
+from arl_tangram.core.errors import SpecError
+from arl_tangram.core.resources import ResourceKind, ResourceVector
+from arl_tangram.managers.cpu.config import SandboxSpec
+from arl_tangram.runtime.actions import (
+    ActionResult,
+    ApiPayload,
+    ExecPayload,
+    NoopPayload,
+    ServicePayload,
+)
+from arl_tangram.runtime.config import ServiceConfig, parse_size_bytes
+
+ONE_CORE = ResourceVector(cpu_millicores=1000)
+IMAGES = ("host", "python")  # the host's read-only root; built images are a later issue
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """An action's DoP range and, optionally, its curve: an Amdahl ``serial_fraction`` or a
+    ``table`` of efficiencies E(1), E(2), ... Without a curve, the kind's learned one is used."""
+
+    min: int = 1
+    max: int = 1
+    serial_fraction: float | None = None
+    table: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"cpu.{name}", "must be an integer >= 1", value)
+        if self.min > self.max:
+            raise SpecError("cpu.min", "must be <= cpu.max", (self.min, self.max))
+        if self.serial_fraction is not None and self.table is not None:
+            raise SpecError("cpu", "give serial_fraction or table, not both", (self.serial_fraction, self.table))
+
+    def model(self) -> ElasticityModel | None:
+        if self.serial_fraction is not None:
+            return Amdahl(self.serial_fraction)
+        if self.table is not None:
+            return Table(tuple(self.table))
+        return None
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def _dop(cpu: Elastic | int | None) -> Elastic:
+    if cpu is None:
+        return Elastic(1, 1, serial_fraction=1.0)
+    if isinstance(cpu, Elastic):
+        return cpu
+    if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 1:
+        raise SpecError("cpu", "must be an integer >= 1 or an Elastic(min, max)", cpu)
+    return Elastic(cpu, cpu, serial_fraction=1.0 if cpu == 1 else 0.0)
+
+
+class AsyncClient:
+    """The rollout's handle on ARL-Tangram. ``async with connect() as tg: ...``"""
+
+    def __init__(self, transport: Transport, *, tenant: str = "default") -> None:
+        self.transport = transport
+        self.tenant = tenant
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def create_env(
+        self, *, image: str = "host", memory: str | int = "1GiB", pids_max: int = 512,
+        workspace: str | int = "512MiB", tmp: str | int = "256MiB", trajectory_id: str = "", env_id: str | None = None,
+    ) -> Env:  # fmt: skip
+        """A stateful sandbox at zero CPU while idle; its memory is held for its life."""
+        if image not in IMAGES:
+            raise SpecError("image", f"must be one of {', '.join(IMAGES)} (the host's read-only root)", image)
+        mem_bytes = parse_size_bytes(memory, "memory")
+        sandbox = SandboxSpec(mem_bytes, pids_max, parse_size_bytes(workspace, "workspace"), parse_size_bytes(tmp, "tmp"))
+        spec = EnvSpec(env_id or _new_id("env"), mem_bytes, self.tenant, trajectory_id)
+        await self.transport.create_env(spec, sandbox)
+        return Env(self, spec.env_id, trajectory_id)
+
+    async def call(
+        self, name: str, request: Any, *, timeout_s: float | None = None, tokens: int | None = None,
+        method: str = "POST", path: str = "/", devices: Elastic | None = None,
+    ) -> ActionResult:  # fmt: skip
+        """Call a GPU service (``reward/minilm``) or an API provider (``api/search`` or its
+        bare name): one action, queued until its resources are free."""
+        provider = name.removeprefix("api/")
+        service = self.transport.service_spec(name)
+        if service is not None:
+            lo, hi = (devices.min, devices.max) if devices else (service.devices_min, service.devices_max)
+            spec = ActionSpec(
+                _new_id("call"), service.name, Binding("service", service.name), self.tenant,
+                demand_per_unit=ResourceVector(gpu_devices=1), key=ResourceKind.GPU, dop_min=lo, dop_max=hi,
+                timeout_s=timeout_s,
+            )  # fmt: skip
+            return await self.transport.run_action(spec, ServicePayload(request), timeout_s)
+        if self.transport.has_provider(provider):
+            spec = ActionSpec(
+                _new_id("api"), f"api:{provider}", Binding("api", provider), self.tenant,
+                demand_fixed=ResourceVector(quota_tokens=1), timeout_s=timeout_s,
+            )  # fmt: skip
+            payload = ApiPayload(method, path, request, tokens=tokens, timeout_s=timeout_s or 60.0)
+            return await self.transport.run_action(spec, payload, None)
+        raise SpecError("name", "must name a registered service or a configured API provider", name)
+
+    async def ping(self) -> ActionResult:
+        """An action that needs no resource: proves the controller schedules and answers."""
+        spec = ActionSpec(_new_id("noop"), "noop", tenant=self.tenant)
+        return await self.transport.run_action(spec, NoopPayload())
+
+    async def register_service(
+        self, name: str, *, handler: str, folder: str | None = None, module: str | None = None,
+        devices_min: int = 1, devices_max: int = 1,
+    ) -> None:  # fmt: skip
+        """Register a model (local safetensors folder, or ``pkg.mod:factory``) as a service."""
+        await self.transport.register_service(ServiceConfig(name, handler, folder, module, devices_min, devices_max))
+
+
+class Env:
+    """A stateful sandbox. Actions on it run one after another or at once, each with its
+    own grant; ``release()`` (or leaving ``async with``) gives it back."""
+
+    def __init__(self, client: AsyncClient, env_id: str, trajectory_id: str) -> None:
+        self.client = client
+        self.env_id = env_id
+        self.trajectory_id = trajectory_id
+        self.released = False
+
+    async def __aenter__(self) -> Env:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    async def release(self) -> None:
+        if not self.released:
+            self.released = True
+            await self.client.transport.release_env(self.env_id)
+
+    def _spec(self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None) -> ActionSpec:
+        dop = _dop(cpu)
+        model = dop.model() or self.client.transport.learned_model(kind)
+        return ActionSpec(
+            _new_id("act"), kind, Binding("env", self.env_id), self.client.tenant, self.trajectory_id,
+            demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
+            elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=t_ori_s, timeout_s=timeout_s,
+        )  # fmt: skip
+
+    async def exec(
+        self, command: str | list[str], *, cpu: Elastic | int | None = None, stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float = 60.0,
+        kind: str = "exec", t_ori_s: float | None = None,
+    ) -> ActionResult:  # fmt: skip
+        """Run a ``bash -c`` string or an argv with the cores the scheduler grants within
+        ``cpu`` (``TANGRAM_DOP`` and ``nproc`` say how many)."""
+        spec = self._spec(kind, cpu, timeout_s, t_ori_s)
+        stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
+        argv = command if isinstance(command, str) else tuple(command)
+        payload = ExecPayload(argv, stdin_bytes, tuple(sorted((env or {}).items())), cwd, timeout_s)
+        return await self.client.transport.run_action(spec, payload)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self.client.transport.write_file(self.env_id, path, data.encode() if isinstance(data, str) else bytes(data))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.client.transport.read_file(self.env_id, path)
+
+    async def session(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Session:
+        """A persistent bash (cwd, variables and shell state kept across commands)."""
+        session_id = await self.client.transport.open_session(self.env_id, env, cwd)
+        return Session(self, session_id)
+
+
+class Session:
+    """A bash session inside an env; each ``run`` is an action with its own grant."""
+
+    def __init__(self, env: Env, session_id: str) -> None:
+        self.env = env
+        self.session_id = session_id
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, command: str, *, cpu: Elastic | int | None = None, timeout_s: float = 60.0, kind: str = "session") -> ActionResult:
+        spec = self.env._spec(kind, cpu, timeout_s, None)
+        payload = ExecPayload(command, None, (), None, timeout_s, session_id=self.session_id)
+        return await self.env.client.transport.run_action(spec, payload)
+
+    async def close(self) -> None:
+        await self.env.client.transport.close_session(self.env.env_id, self.session_id)

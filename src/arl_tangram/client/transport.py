@@ -1,0 +1,126 @@
+"""Shell: the SDK's transport seam, and its in-process implementation over the embedded runtime.
+
+``AsyncClient`` speaks only to a ``Transport``; the HTTP transport (a later issue) gives the
+same client over the network without touching rollout code. Every method is a coroutine on
+the caller's event loop; blocking work (a host-side file call) runs on worker threads.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping
+
+from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
+from arl_tangram.core.elasticity import Learned
+from arl_tangram.core.errors import SpecError
+from arl_tangram.managers.cpu.config import SandboxSpec
+from arl_tangram.runtime.actions import ActionResult, Payload
+from arl_tangram.runtime.config import ServiceConfig, TangramConfig
+from arl_tangram.runtime.embedded import EmbeddedRuntime
+
+
+class Transport(abc.ABC):
+    """What a client can ask of an ARL-Tangram deployment."""
+
+    @abc.abstractmethod
+    async def run_action(self, spec: ActionSpec, payload: Payload, timeout_s: float | None = None) -> ActionResult:
+        """Submit and await the action's one terminal result. Cancelling the awaiting task
+        cancels the action (a queued one ends ``cancelled``, a running one is stopped)."""
+
+    @abc.abstractmethod
+    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None: ...
+
+    @abc.abstractmethod
+    async def release_env(self, env_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def write_file(self, env_id: str, path: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def read_file(self, env_id: str, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def open_session(self, env_id: str, env: Mapping[str, str] | None, cwd: str | None) -> str: ...
+
+    @abc.abstractmethod
+    async def close_session(self, env_id: str, session_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def register_service(self, service: ServiceConfig) -> ServiceSpec: ...
+
+    @abc.abstractmethod
+    def service_spec(self, name: str) -> ServiceSpec | None: ...
+
+    @abc.abstractmethod
+    def has_provider(self, name: str) -> bool: ...
+
+    @abc.abstractmethod
+    def learned_model(self, kind: str) -> Learned: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+
+class InProcessTransport(Transport):
+    """The embedded system: controller, agent and managers in this process."""
+
+    def __init__(self, runtime: EmbeddedRuntime) -> None:
+        self.runtime = runtime
+        self.controller = runtime.controller
+
+    @classmethod
+    async def start(cls, config: TangramConfig | None = None) -> InProcessTransport:
+        return cls(await EmbeddedRuntime.start(config))
+
+    async def run_action(self, spec: ActionSpec, payload: Payload, timeout_s: float | None = None) -> ActionResult:
+        record = self.controller.submit(spec, payload)
+        try:
+            return await asyncio.wait_for(asyncio.shield(record.done), timeout_s)
+        except (asyncio.CancelledError, TimeoutError):
+            self.controller.cancel(spec.action_id)
+            raise
+        finally:
+            if record.done.done():
+                self.controller.store.forget(spec.action_id)
+
+    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
+        await self.controller.create_env(spec, sandbox)
+
+    async def release_env(self, env_id: str) -> None:
+        self.controller.release_env(env_id)
+
+    def _cpu(self, env_id: str):  # type: ignore[no-untyped-def]
+        cpu = self.controller.env_node(env_id).cpu
+        if cpu is None:
+            raise SpecError("env_id", "must name an env on a node with a CPU manager", env_id)
+        return cpu
+
+    async def write_file(self, env_id: str, path: str, data: bytes) -> None:
+        await asyncio.to_thread(self._cpu(env_id).write_file, env_id, path, data)
+
+    async def read_file(self, env_id: str, path: str) -> bytes:
+        data: bytes = await asyncio.to_thread(self._cpu(env_id).read_file, env_id, path)
+        return data
+
+    async def open_session(self, env_id: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
+        session_id: str = await asyncio.to_thread(self._cpu(env_id).open_session, env_id, env=env, cwd=cwd)
+        return session_id
+
+    async def close_session(self, env_id: str, session_id: str) -> None:
+        await asyncio.to_thread(self._cpu(env_id).close_session, session_id)
+
+    async def register_service(self, service: ServiceConfig) -> ServiceSpec:
+        return await self.runtime.register_service(service)
+
+    def service_spec(self, name: str) -> ServiceSpec | None:
+        return self.controller.loop.state.spec.services.get(name)
+
+    def has_provider(self, name: str) -> bool:
+        return self.controller.loop.state.spec.quota_pool(name) is not None
+
+    def learned_model(self, kind: str) -> Learned:
+        return self.controller.learned_model(kind)
+
+    async def aclose(self) -> None:
+        await self.runtime.aclose()

@@ -1,0 +1,112 @@
+"""Shell: the embedded system: controller, local node agent and managers in this process.
+
+``EmbeddedRuntime.start(config)`` builds what this machine offers: the CPU manager on its
+real cores and NUMA layout, the API-quota manager for the configured providers, and the GPU
+manager (CUDA devices, else CPU devices with a memory budget) once the first service is
+registered, since importing torch costs seconds a CPU-only rollout should not pay.
+Blocking set-up (cgroups, model loading) runs on worker threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from arl_tangram.agent.node import NodeAgent
+from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.scheduler import Scheduler
+from arl_tangram.core.topology import ClusterSpec
+from arl_tangram.managers.api.manager import ApiManager
+from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
+from arl_tangram.managers.cpu.manager import CpuManager
+from arl_tangram.runtime.config import ServiceConfig, TangramConfig, quota_pools
+from arl_tangram.runtime.controller import Controller
+
+log = logging.getLogger(__name__)
+LOCAL_NODE = "local"
+
+
+class EmbeddedRuntime:
+    """One process, one node. Use ``await EmbeddedRuntime.start(...)`` and ``await aclose()``."""
+
+    def __init__(self, config: TangramConfig, agent: NodeAgent, controller: Controller) -> None:
+        self.config = config
+        self.agent = agent
+        self.controller = controller
+        self._gpu_lock = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, config: TangramConfig | None = None, *, cpu_config: CpuManagerConfig | None = None) -> EmbeddedRuntime:
+        config = config or TangramConfig()
+        cpu_config = cpu_config or CpuManagerConfig(
+            pool_size=config.cpu.pool_size,
+            default_spec=SandboxSpec(config.cpu.mem_bytes, config.cpu.pids_max, config.cpu.workspace_bytes, config.cpu.tmp_bytes),
+        )  # fmt: skip
+        cpu = await asyncio.to_thread(CpuManager, cpu_config)
+        api = ApiManager(config.providers) if config.providers else None
+        agent = NodeAgent(LOCAL_NODE, cpu=cpu, api=api)
+        cluster = ClusterSpec(quota_pools=quota_pools(config))
+        controller = Controller(Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster)
+        await controller.start()
+        runtime = cls(config, agent, controller)
+        try:
+            for service in config.services:
+                await runtime.register_service(service)
+        except BaseException:
+            await runtime.aclose()
+            raise
+        return runtime
+
+    async def aclose(self) -> None:
+        """End every unfinished action (``cancelled``), then close the managers. Idempotent."""
+        await self.controller.aclose()
+        agent = self.agent
+        if agent.api is not None:
+            await agent.api.aclose()
+        if agent.gpu is not None:
+            await asyncio.to_thread(agent.gpu.close)
+        if agent.cpu is not None:
+            await asyncio.to_thread(agent.cpu.close)
+
+    async def _ensure_gpu(self) -> None:
+        async with self._gpu_lock:
+            if self.agent.gpu is not None:
+                return
+            self.agent.gpu = await asyncio.to_thread(_make_gpu_manager, self.config)
+            self.controller.join(self.agent)
+
+    async def register_service(self, service: ServiceConfig) -> ServiceSpec:
+        """Register a model service (initialised once, backed up in host memory) and make it
+        schedulable. Raises the GPU manager's error naming the field on bad input."""
+        await self._ensure_gpu()
+        gpu = self.agent.gpu
+        assert gpu is not None
+        if service.folder is not None:
+            await asyncio.to_thread(gpu.register_folder, service.name, Path(service.folder), service.handler)
+        elif service.module is not None:
+            factory = _import_factory(service.module)
+            await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler)
+        spec = self.agent.service_spec(service.name, service.devices_min, service.devices_max)
+        self.controller.register_service(spec)
+        return spec
+
+
+def _make_gpu_manager(config: TangramConfig) -> Any:
+    from arl_tangram.managers.gpu.devices import discover_devices
+    from arl_tangram.managers.gpu.manager import GpuManager
+
+    gpu = config.gpu
+    if gpu.devices == "auto":
+        devices = discover_devices(cpu_mem_bytes=(gpu.device_mem_bytes,), cuda_mem_fraction=gpu.mem_fraction)
+    else:
+        devices = discover_devices(cpu_mem_bytes=(gpu.device_mem_bytes,) * int(gpu.devices), use_cuda=False)
+    return GpuManager(devices)
+
+
+def _import_factory(path: str) -> Any:
+    """``pkg.module:factory`` -> the factory callable."""
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
