@@ -1,4 +1,8 @@
-"""Fixtures of the GPU manager tests: generated teacher LMs (session cache), CPU devices."""
+"""Fixtures of the GPU manager tests: generated teacher LMs (session cache), devices.
+
+Devices are CPU devices with a memory budget; with ``ARL_TANGRAM_TEST_CUDA=1`` (the prepared
+GPU run, ``scripts/device_gpu_check.sh``) every budget becomes an arena on ``cuda:0``.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from arl_tangram.managers.gpu import GpuManager, GpuManagerConfig, cpu_devices  # noqa: E402
+from arl_tangram.managers.gpu import (  # noqa: E402
+    DeviceSpec,
+    GpuManager,
+    GpuManagerConfig,
+    StandaloneGpuManager,
+    cpu_devices,
+)
 from arl_tangram.managers.gpu.models import generate_causal_lm  # noqa: E402
 
 TEACHER_BYTES = 3_000_000  # small on purpose: the suite must stay fast on 2 cores
 NUM_TEACHERS = 5
+ON_CUDA = os.environ.get("ARL_TANGRAM_TEST_CUDA") == "1" and torch.cuda.is_available()
+
+
+def test_devices(budgets: list[int]) -> list[DeviceSpec]:
+    if ON_CUDA:
+        return [DeviceSpec(f"cuda:0/{i}", "cuda:0", "cuda", b) for i, b in enumerate(budgets)]
+    return cpu_devices(budgets)
+
+
+test_devices.__test__ = False  # type: ignore[attr-defined]  # a builder, not a test
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> None:
+    torch.set_num_threads(1)  # 2 shared cores: spinning OpenMP threads stall each other
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +62,24 @@ def make_manager() -> Iterator[Callable[..., GpuManager]]:
     made: list[GpuManager] = []
 
     def build(budgets: list[int], **config: object) -> GpuManager:
-        manager = GpuManager(cpu_devices(budgets), GpuManagerConfig(**config))  # type: ignore[arg-type]
+        manager = GpuManager(test_devices(budgets), GpuManagerConfig(**config))  # type: ignore[arg-type]
+        made.append(manager)
+        return manager
+
+    yield build
+    for manager in made:
+        if not manager.closed:
+            manager.check_invariants()
+        manager.close()
+        assert all(a.buffer.numel() == 0 for a in manager._arenas), "arena left allocated"
+
+
+@pytest.fixture
+def make_standalone() -> Iterator[Callable[..., StandaloneGpuManager]]:
+    made: list[StandaloneGpuManager] = []
+
+    def build(budgets: list[int], **config: object) -> StandaloneGpuManager:
+        manager = StandaloneGpuManager(test_devices(budgets), GpuManagerConfig(**config))  # type: ignore[arg-type]
         made.append(manager)
         return manager
 
@@ -49,11 +91,11 @@ def make_manager() -> Iterator[Callable[..., GpuManager]]:
 
 @pytest.fixture(scope="session")
 def teacher_footprint(teacher_folders: list[Path]) -> int:
-    """Arena bytes one teacher needs (all teachers share one architecture, so one size)."""
-    with GpuManager(cpu_devices([64 << 20])) as manager:
-        sizes = {
-            manager.register_folder(f"probe{i}", f, "logprobs").footprint_bytes
-            for i, f in enumerate(teacher_folders)
-        }
+    """Arena bytes one teacher replica needs on one device (one architecture, so one size)."""
+    with GpuManager(test_devices([64 << 20])) as manager:
+        sizes = set()
+        for i, folder in enumerate(teacher_folders):
+            manager.register_folder(f"probe{i}", folder, "logprobs")
+            sizes.add(manager.footprint_bytes(f"probe{i}", 1))
     assert len(sizes) == 1
     return sizes.pop()

@@ -1,5 +1,5 @@
-"""Faults and bad input: failing loaders, unknown services, malformed requests, services that
-never fit, and out-of-memory (arena full -> evict and retry; forward OOM -> split the batch)."""
+"""Faults and bad input: failing loaders, unknown services and replicas, malformed requests,
+services that never fit, and forward out-of-memory (split the batch)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from arl_tangram.managers.gpu import (
     NeverFitsError,
     ServiceFailedError,
     ServiceRuntimeError,
+    UnknownReplicaError,
     UnknownServiceError,
 )
 
@@ -57,8 +58,8 @@ def test_failing_loader_marks_the_service_failed_and_others_keep_serving(
     def broken() -> torch.nn.Module:
         raise OSError("weights file is corrupt")
 
-    status = manager.register_module("broken", broken, "logprobs")
-    assert status.state == "failed" and "weights file is corrupt" in (status.error or "")
+    info = manager.register_module("broken", broken, "logprobs")
+    assert info.state == "failed" and "weights file is corrupt" in (info.error or "")
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'
     )
@@ -66,22 +67,30 @@ def test_failing_loader_marks_the_service_failed_and_others_keep_serving(
     assert manager.register_folder("garbage", tmp_path, "logprobs").state == "failed"
     manager.register_module("good", _tiny(), "logprobs")
     with pytest.raises(ServiceFailedError, match="corrupt"):
-        manager.call_sync("broken", {"tokens": [1, 2]})
+        manager.load("b0", "broken", [0])
     with pytest.raises(ServiceFailedError):
-        asyncio.run(manager.call("garbage", {"tokens": [1, 2]}))
-    assert len(manager.call_sync("good", {"tokens": [1, 2, 3]})["token_logprobs"]) == 3
-    assert manager.status()["services"]["broken"]["state"] == "failed"
+        asyncio.run(manager.load_async("g0", "garbage", [0]))
+    manager.load("ok", "good", [0])
+    assert len(manager.run("ok", {"tokens": [1, 2, 3]})["token_logprobs"]) == 3
+    assert manager.service_info("broken").state == "failed"
+    assert manager.services() == ["broken", "garbage", "good"]
 
 
-def test_unknown_service_names_itself_and_the_known_ones(
+def test_unknown_service_and_replica_name_themselves(
     make_manager: Callable[..., GpuManager],
 ) -> None:
     manager = make_manager([8 << 20])
     manager.register_module("known", _tiny(), "logprobs")
     with pytest.raises(UnknownServiceError, match=r"unknown service 'nope'.*known"):
-        manager.call_sync("nope", {"tokens": [1]})
+        manager.load("r", "nope", [0])
     with pytest.raises(UnknownServiceError):
-        asyncio.run(manager.call("nope", {"tokens": [1]}))
+        manager.footprint_bytes("nope", 1)
+    with pytest.raises(UnknownReplicaError, match="'r9'"):
+        manager.run("r9", {"tokens": [1]})
+    with pytest.raises(UnknownReplicaError):
+        asyncio.run(manager.run_async("r9", {"tokens": [1]}))
+    with pytest.raises(UnknownReplicaError):
+        manager.evict("r9")
 
 
 @pytest.mark.parametrize(
@@ -102,8 +111,9 @@ def test_malformed_logprobs_requests_name_the_field_and_rule(
 ) -> None:
     manager = make_manager([8 << 20])
     manager.register_module("t", _tiny(), "logprobs")
+    manager.load("t", "t", [0])
     with pytest.raises(InvalidRequestError, match=rule) as caught:
-        manager.call_sync("t", request_body)
+        manager.run("t", request_body)
     assert caught.value.field == field
 
 
@@ -111,13 +121,15 @@ def test_malformed_score_and_embed_requests(make_manager: Callable[..., GpuManag
     manager = make_manager([8 << 20])
     manager.register_module("s", _tiny(), "score")
     manager.register_module("e", _tiny(), "embed")
+    manager.load("s", "s", [0])
+    manager.load("e", "e", [0])
     with pytest.raises(InvalidRequestError, match="'b' is required"):
-        manager.call_sync("s", {"a": [1]})
+        manager.run("s", {"a": [1]})
     with pytest.raises(InvalidRequestError, match="'input' is required"):
-        manager.call_sync("e", {"inputs": ["x"]})
+        manager.run("e", {"inputs": ["x"]})
     with pytest.raises(InvalidRequestError, match=r"input\[1\]"):
-        manager.call_sync("e", {"input": [[1], 7]})
-    with pytest.raises(InvalidRequestError, match="kind"):
+        manager.run("e", {"input": [[1], 7]})
+    with pytest.raises(InvalidRequestError, match="handler"):
         manager.register_module("x", _tiny(), "generate")
 
 
@@ -129,8 +141,6 @@ def test_service_that_never_fits_is_rejected_at_registration(
         manager.register_folder("big", teacher_folders[0], "logprobs")
     with pytest.raises(NeverFitsError, match="needs"):
         manager.register_module("big2", lambda: TinyLM(vocab=16384, width=64), "logprobs")
-    with pytest.raises(NeverFitsError, match="chunks of"):
-        manager.register_module("wide", _tiny(), "logprobs", num_devices=4)
     assert manager.status()["services"] == {}
     manager.register_module("big", _tiny(), "logprobs")  # the name is free again
 
@@ -142,32 +152,19 @@ def test_duplicate_registration_is_refused(make_manager: Callable[..., GpuManage
         manager.register_module("t", _tiny(), "logprobs")
 
 
-def test_full_arena_evicts_and_retries_instead_of_failing(
-    make_manager: Callable[..., GpuManager], teacher_folders: list[Path], teacher_footprint: int
-) -> None:
-    manager = make_manager([teacher_footprint + (64 << 10)])  # one teacher at a time
-    manager.register_folder("a", teacher_folders[0], "logprobs")
-    manager.register_folder("b", teacher_folders[1], "logprobs")
-    first = {name: manager.call_sync(name, {"tokens": [1, 2, 3]}) for name in ("a", "b")}
-    for _ in range(3):
-        for name in ("a", "b"):
-            assert manager.call_sync(name, {"tokens": [1, 2, 3]}) == first[name]
-    services = manager.status()["services"]
-    assert services["a"]["num_evictions"] == 4 and services["b"]["num_evictions"] == 3
-
-
 def test_forward_out_of_memory_splits_the_batch(make_manager: Callable[..., GpuManager]) -> None:
     manager = make_manager([8 << 20], batch_window_s=0.05)
     manager.register_module("oom", _tiny("oom-when-batched"), "logprobs")
+    manager.load("oom", "oom", [0])
 
     async def burst() -> list[dict]:
         return list(
-            await asyncio.gather(*(manager.call("oom", {"tokens": [i, i + 1]}) for i in range(6)))
+            await asyncio.gather(*(manager.run_async("oom", {"tokens": [i, i + 1]}) for i in range(6)))
         )
 
     results = asyncio.run(burst())
     assert [r["tokens"] for r in results] == [[i, i + 1] for i in range(6)]
-    module = manager._services["oom"].model.module  # type: ignore[union-attr]
+    module = manager._replicas["oom"].model.module  # type: ignore[union-attr]
     assert module.calls > 6  # the batched attempt failed, the halves succeeded
 
 
@@ -175,8 +172,10 @@ def test_model_that_raises_fails_its_request_only(make_manager: Callable[..., Gp
     manager = make_manager([8 << 20])
     manager.register_module("bug", _tiny("always"), "logprobs")
     manager.register_module("ok", _tiny(), "logprobs")
+    manager.load("bug", "bug", [0])
+    manager.load("ok", "ok", [0])
     with pytest.raises(ServiceRuntimeError, match="injected model bug"):
-        manager.call_sync("bug", {"tokens": [1, 2]})
-    assert manager.call_sync("ok", {"tokens": [1, 2]})["tokens"] == [1, 2]
+        manager.run("bug", {"tokens": [1, 2]})
+    assert manager.run("ok", {"tokens": [1, 2]})["tokens"] == [1, 2]
     with pytest.raises(ServiceRuntimeError):
-        manager.call_sync("bug", {"tokens": [1, 2]})
+        manager.run("bug", {"tokens": [1, 2]})

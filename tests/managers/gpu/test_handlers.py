@@ -32,11 +32,12 @@ def test_minilm_scores_paraphrases_above_unrelated_pairs(
 ) -> None:
     manager = make_manager([128 << 20])
     manager.register_folder("reward/minilm", minilm_path(), "score")
+    manager.load("reward/minilm#0", "reward/minilm", [0])
 
     async def score_all() -> list[float]:
         pairs = PARAPHRASES + UNRELATED
         results = await asyncio.gather(
-            *(manager.call("reward/minilm", {"a": a, "b": b}) for a, b in pairs)
+            *(manager.run_async("reward/minilm#0", {"a": a, "b": b}) for a, b in pairs)
         )
         return [r["score"] for r in results]
 
@@ -52,7 +53,8 @@ def test_embeddings_are_unit_vectors_of_minilm_width(
 ) -> None:
     manager = make_manager([128 << 20])
     manager.register_folder("minilm", minilm_path(), "embed")
-    data = manager.call_sync("minilm", {"input": ["one", "two words"]})["data"]
+    manager.load("minilm", "minilm", [0])
+    data = manager.run("minilm", {"input": ["one", "two words"]})["data"]
     assert [d["index"] for d in data] == [0, 1]
     for d in data:
         vector = torch.tensor(d["embedding"])
@@ -73,6 +75,7 @@ def test_teacher_logprobs_match_a_direct_forward_pass(
 ) -> None:
     manager = make_manager([32 << 20])
     manager.register_folder("teacher", teacher_folders[3], "logprobs")
+    manager.load("teacher", "teacher", [0])
     sequences = [
         [3, 1, 4, 1, 5, 9, 2, 6],
         [27, 18, 28],
@@ -81,10 +84,10 @@ def test_teacher_logprobs_match_a_direct_forward_pass(
 
     async def batched() -> list[dict]:
         return list(
-            await asyncio.gather(*(manager.call("teacher", {"tokens": s}) for s in sequences))
+            await asyncio.gather(*(manager.run_async("teacher", {"tokens": s}) for s in sequences))
         )
 
-    single = manager.call_sync("teacher", {"tokens": sequences[0]})
+    single = manager.run("teacher", {"tokens": sequences[0]})
     expected = _direct_logprobs(teacher_folders[3], sequences[0])
     assert single["token_logprobs"][0] is None
     assert single["token_logprobs"][1:] == expected  # same kernels, same shapes: bit equal

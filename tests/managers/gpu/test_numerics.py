@@ -1,4 +1,5 @@
-"""Evict -> swap-in restores a service bit for bit, and the weights really live in the arena."""
+"""Evict -> load restores a replica bit for bit; weights really live in the arena; the host
+copy is pinned exactly when a CUDA device is used, at its exact size."""
 
 from __future__ import annotations
 
@@ -13,61 +14,68 @@ from arl_tangram.managers.gpu.models import minilm_path
 TOKENS = [5, 17, 300, 1024, 7, 7, 2048, 4000, 12, 99]
 
 
-def _arena_range(manager: GpuManager, device: int) -> tuple[int, int]:
-    buffer = manager._residency.arenas[device].buffer
-    return buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+def _in_arena(manager: GpuManager, device: int, tensor: torch.Tensor) -> bool:
+    buffer = manager._arenas[device].buffer
+    return buffer.data_ptr() <= tensor.data_ptr() < buffer.data_ptr() + buffer.numel()
 
 
-def test_logprobs_identical_after_evict_and_swap_in(
+def test_logprobs_identical_after_evict_and_reload(
     make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
 ) -> None:
     manager = make_manager([64 << 20])
     manager.register_folder("teacher", teacher_folders[0], "logprobs")
-    before = manager.call_sync("teacher", {"tokens": TOKENS})
-    service = manager._services["teacher"]
-    low, high = _arena_range(manager, 0)
-    assert all(low <= p.data_ptr() < high for p in service.model.module.parameters())  # type: ignore[union-attr]
-    assert manager.evict("teacher")
-    assert not any(low <= p.data_ptr() < high for p in service.model.module.parameters())  # type: ignore[union-attr]
-    manager._residency.arenas[0].buffer.fill_(0xFF)  # stale arena bytes must not matter
-    after = manager.call_sync("teacher", {"tokens": TOKENS})
-    assert after == before  # exact float equality, element by element
-    status = manager.status()["services"]["teacher"]
-    assert status["num_swap_ins"] == 2 and status["num_evictions"] == 1
+    manager.load("r1", "teacher", [0])
+    before = manager.run("r1", {"tokens": TOKENS})
+    module = manager._replicas["r1"].model.module  # type: ignore[union-attr]
+    assert all(_in_arena(manager, 0, p) for p in module.parameters())
+    host = manager._services["teacher"].model.module  # type: ignore[union-attr]
+    assert not any(_in_arena(manager, 0, p) for p in host.parameters())
+    manager.evict("r1")
+    manager._arenas[0].buffer.fill_(0xFF)  # stale arena bytes must not matter
+    manager.load("r2", "teacher", [0])
+    assert manager.run("r2", {"tokens": TOKENS}) == before  # exact float equality
 
 
-def test_embeddings_identical_after_being_evicted_by_another_service(
-    make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
+def test_two_replicas_of_one_service_serve_from_their_own_copies(
+    make_manager: Callable[..., GpuManager],
 ) -> None:
-    manager = make_manager([90 << 20])  # MiniLM (88 MiB) and a teacher cannot both be resident
+    manager = make_manager([200 << 20])
     manager.register_folder("minilm", minilm_path(), "embed")
-    manager.register_folder("teacher", teacher_folders[1], "logprobs")
     request = {"input": ["The quick brown fox.", "Evict on execution."]}
-    before = manager.call_sync("minilm", request)
-    manager.call_sync("teacher", {"tokens": TOKENS})  # forces MiniLM out
-    assert manager.status()["services"]["minilm"]["state"] == "host"
-    after = manager.call_sync("minilm", request)
-    assert after == before
-    assert manager.status()["services"]["minilm"]["num_evictions"] == 1
+    manager.load("a", "minilm", [0])
+    manager.load("b", "minilm", [0])
+    pa = next(manager._replicas["a"].model.module.parameters())  # type: ignore[union-attr]
+    pb = next(manager._replicas["b"].model.module.parameters())  # type: ignore[union-attr]
+    assert pa.data_ptr() != pb.data_ptr()
+    assert manager.run("a", request) == manager.run("b", request)
+    manager.evict("a")
+    assert manager.run("b", request)["data"][0]["index"] == 0
+    assert manager.status()["services"]["minilm"]["replicas"] == ["b"]
 
 
-def test_host_backup_is_not_pinned_without_cuda(
+def test_host_copy_is_pinned_iff_a_cuda_device_is_used_and_has_its_exact_size(
     make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
 ) -> None:
     manager = make_manager([32 << 20])
     manager.register_folder("teacher", teacher_folders[0], "logprobs")
-    host = manager._services["teacher"].shards[0].host
-    assert host.device.type == "cpu" and not host.is_pinned()
-    assert not torch.cuda.is_available() or manager._pin_host
+    service = manager._services["teacher"]
+    on_cuda = manager.devices[0].kind == "cuda"
+    assert service.host.device.type == "cpu"
+    assert service.host.is_pinned() == on_cuda
+    info = manager.service_info("teacher")
+    assert service.host.untyped_storage().nbytes() == info.host_bytes  # no power-of-two rounding
+    assert info.host_bytes - info.weight_bytes < 256 * len(service.refs)
 
 
-def test_two_device_service_matches_one_device_service(
+def test_replica_split_over_two_devices_matches_one_device(
     make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
 ) -> None:
     manager = make_manager([16 << 20, 16 << 20])
-    manager.register_folder("whole", teacher_folders[2], "logprobs")
-    manager.register_folder("split", teacher_folders[2], "logprobs", num_devices=2)
-    split = manager.call_sync("split", {"tokens": TOKENS})
-    whole = manager.call_sync("whole", {"tokens": TOKENS})
-    assert split == whole
-    assert manager.status()["services"]["split"]["resident_on"] == ["cpu:0", "cpu:1"]
+    manager.register_folder("teacher", teacher_folders[2], "logprobs")
+    manager.load("whole", "teacher", [1])
+    manager.load("split", "teacher", [0, 1])
+    assert manager.run("split", {"tokens": TOKENS}) == manager.run("whole", {"tokens": TOKENS})
+    assert manager.status()["replicas"]["split"]["devices"][1].endswith("1")
+    two = manager.footprint_bytes("teacher", 2)
+    assert two < manager.footprint_bytes("teacher", 1)
+    assert max(manager.status()["replicas"]["split"]["extent_bytes"]) == two

@@ -2,9 +2,10 @@
 
 The arena is a single ``uint8`` tensor of the device's budget, allocated once (CUDA:
 ``torch.empty`` on the GPU; CPU: host memory, touched once so its pages are really committed
-and the first swap-in does not pay page faults). ``BuddyModel`` decides offsets; this module
-only turns ``(offset, dtype, shape)`` into views, and copies bytes in (host -> arena) and
-within (arena -> arena, for compaction).
+and the first swap-in does not pay page faults). ``ExtentModel`` decides offsets (the manager
+calls it under its lock); this module turns ``(offset, dtype, shape)`` into views and copies
+bytes in (host -> arena) and down (arena -> arena, for compaction). The copy methods touch
+only bytes their caller reserved, so they run without any lock.
 """
 
 from __future__ import annotations
@@ -13,24 +14,24 @@ from typing import Any
 
 import torch
 
-from arl_tangram.managers.gpu.buddy import BuddyModel
 from arl_tangram.managers.gpu.devices import DeviceSpec
+from arl_tangram.managers.gpu.extents import ExtentModel
 
 
 class DeviceArena:
-    """The arena of one device and its allocator. Not thread-safe: the manager serialises use."""
+    """The arena of one device and its extent accounting."""
 
-    def __init__(self, spec: DeviceSpec, min_block_bytes: int) -> None:
+    def __init__(self, spec: DeviceSpec, granule_bytes: int) -> None:
         self.spec = spec
         self.device = torch.device(spec.torch_device)
-        self.allocator = BuddyModel(spec.mem_bytes, min_block_bytes)
+        self.extents = ExtentModel(spec.mem_bytes, granule_bytes)
         self.buffer = torch.empty(
-            self.allocator.capacity_bytes, dtype=torch.uint8, device=self.device
+            self.extents.capacity_bytes, dtype=torch.uint8, device=self.device
         )
         if spec.kind == "cpu":
             self.buffer.zero_()  # commit the pages now, not during the first swap-in
         self.copy_stream: Any = torch.cuda.Stream(self.device) if spec.kind == "cuda" else None
-        # Compaction counters (reported by ``GpuManager.status``).
+        # Compaction counters (reported by ``GpuManager.status``), updated under the manager lock.
         self.num_relocations = 0
         self.relocated_bytes = 0
         self.relocation_s = 0.0
@@ -45,58 +46,60 @@ class DeviceArena:
     def typed_view(
         self, offset_bytes: int, nbytes: int, dtype: torch.dtype, shape: torch.Size
     ) -> torch.Tensor:
-        """A tensor of ``dtype``/``shape`` aliasing ``nbytes`` of the arena at ``offset_bytes``.
-
-        The offset must be aligned to the dtype's size (layouts align to 256 bytes).
-        """
+        """A tensor of ``dtype``/``shape`` aliasing ``nbytes`` of the arena at ``offset_bytes``."""
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype, device=self.device)
         return self.bytes_view(offset_bytes, nbytes).view(dtype).view(shape)
 
-    def copy_in(self, copies: list[tuple[int, torch.Tensor]]) -> None:
-        """Copy host ``uint8`` tensors to arena offsets; returns when the bytes are in place.
+    def copy_in(self, offset_bytes: int, source: torch.Tensor) -> None:
+        """Copy a host ``uint8`` tensor to ``offset``; returns when the bytes are in place.
 
-        On CUDA the copies run on this device's copy stream (pinned source, non-blocking),
-        after any work already queued on the compute stream, and the call waits for them:
-        the caller marks the service resident only after this returns.
+        On CUDA the copy runs on this device's copy stream (pinned source, non-blocking)
+        after the work queued on the compute stream, and the call waits for it.
         """
-        if self.copy_stream is None:
-            for offset, source in copies:
-                self.bytes_view(offset, source.numel()).copy_(source)
+        if source.numel() == 0:
             return
-        compute = torch.cuda.current_stream(self.device)
-        self.copy_stream.wait_stream(compute)
+        target = self.bytes_view(offset_bytes, source.numel())
+        if self.copy_stream is None:
+            target.copy_(source)
+            return
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
-            for offset, source in copies:
-                self.bytes_view(offset, source.numel()).copy_(source, non_blocking=True)
+            target.copy_(source, non_blocking=True)
         self.copy_stream.synchronize()
 
-    def copy_within(self, copies: list[tuple[int, int, int]]) -> None:
-        """Copy ``(source_offset, target_offset, nbytes)`` inside the arena, in list order.
+    def move_down(self, source_bytes: int, target_bytes: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from ``source`` to a lower ``target``; the ranges may overlap.
 
-        Order matters: a later target may overwrite an earlier source (compaction plans are
-        built that way), so on CUDA all copies go on the one copy stream, after the work
-        queued on the compute stream, and the call returns when they are done.
+        Pieces no longer than the distance are copied lowest first, so a piece never
+        overwrites bytes not yet read (on CUDA: in order on one stream).
         """
-        if self.copy_stream is None:
-            for source, target, nbytes in copies:
-                self.bytes_view(target, nbytes).copy_(self.bytes_view(source, nbytes))
-            return
-        compute = torch.cuda.current_stream(self.device)
-        self.copy_stream.wait_stream(compute)
-        with torch.cuda.stream(self.copy_stream):
-            for source, target, nbytes in copies:
-                self.bytes_view(target, nbytes).copy_(
-                    self.bytes_view(source, nbytes), non_blocking=True
-                )
-        self.copy_stream.synchronize()
+        if not 0 <= target_bytes < source_bytes:
+            raise ValueError(
+                f"move_down needs target < source, got {target_bytes} >= {source_bytes}"
+            )
+        step = source_bytes - target_bytes
+        stream = self.copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        for done in range(0, nbytes, step):
+            size = min(step, nbytes - done)
+            target = self.bytes_view(target_bytes + done, size)
+            source = self.bytes_view(source_bytes + done, size)
+            if stream is None:
+                target.copy_(source)
+            else:
+                with torch.cuda.stream(stream):
+                    target.copy_(source, non_blocking=True)
+        if stream is not None:
+            stream.synchronize()
 
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        """Drop the arena tensor; its memory goes back to torch (and on CUDA, empty_cache)."""
+        """Drop the arena tensor; on CUDA its memory goes back to the driver (empty_cache)."""
         self.synchronize()
         self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         if self.is_cuda:

@@ -66,3 +66,51 @@ class ServiceRuntimeError(GpuManagerError):
 
 class ManagerClosedError(GpuManagerError):
     """The manager was closed; no further calls are accepted."""
+
+
+class CallCancelledError(ManagerClosedError):
+    """A call (run, load, evict) was in progress or waiting when the manager closed."""
+
+
+class UnknownReplicaError(GpuManagerError, KeyError):
+    """A run or an eviction named a replica id that was never loaded."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        super().__init__(f"unknown replica {replica_id!r}: no load() used this id")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateReplicaError(GpuManagerError, ValueError):
+    """``load`` reused the id of a replica that is still loaded."""
+
+
+class ReplicaEvictedError(GpuManagerError):
+    """A run named a replica that was evicted (or is being evicted)."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        super().__init__(f"replica {replica_id!r} was evicted; runs need a loaded replica")
+
+
+class ReplicaFailedError(GpuManagerError):
+    """The replica's load or a relocation of it failed; it serves nothing."""
+
+    def __init__(self, replica_id: str, cause: str) -> None:
+        self.replica_id = replica_id
+        super().__init__(f"replica {replica_id!r} failed: {cause}")
+
+
+class InsufficientDeviceMemoryError(GpuManagerError):
+    """``load`` found fewer free bytes on a device than the replica's shard needs there."""
+
+    def __init__(self, device_id: str, need_bytes: int, free_bytes: int, replica_id: str) -> None:
+        self.device_id = device_id
+        self.need_bytes = need_bytes
+        self.free_bytes = free_bytes
+        super().__init__(
+            f"replica {replica_id!r}: device {device_id} needs {need_bytes} bytes, "
+            f"has {free_bytes} free; evict replicas there first"
+        )

@@ -1,14 +1,15 @@
-"""Core-style accounting (no torch): where each tensor of a service lives inside its blocks.
+"""Core-style accounting (no torch): the host layout of a service and its split by module.
 
-A service's weights are a list of tensors. Its *layout* packs them into a few power-of-two
-blocks (what the buddy allocator hands out) so that a service of ``S`` bytes needs about
-``S`` bytes of arena, not the next power of two: the blocks start as the binary
-decomposition of ``S`` (rounded to the block granule) and tensors go in largest first, best
-fit. A tensor that fits nowhere gets an extra block. Every tensor starts at a multiple of
-``align_bytes`` so that ``uint8`` views can be reinterpreted as any dtype.
+A service's weights are a list of tensors in module order (``service.collect_tensors``):
+each module's own parameters and buffers, then the next module's. The *host layout* lays
+them back to back in one buffer, each at a multiple of ``align_bytes`` so ``uint8`` views
+can be reinterpreted as any dtype.
 
-The host backup mirrors the layout byte for byte (blocks back to back), so a swap-in is one
-large copy per block, not one small copy per tensor.
+A replica over ``k`` devices is cut at *module boundaries* into ``k`` contiguous shards that
+minimise the bytes of the most loaded device (``split_units``). Because a shard is a
+contiguous run of tensors, it is one contiguous slice of the host buffer: a swap-in is one
+copy per device, and the device extent mirrors the slice byte for byte (rebased), so
+alignment carries over. No cut ever falls between a module's weight and its bias.
 """
 
 from __future__ import annotations
@@ -16,140 +17,124 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arl_tangram.managers.gpu.buddy import binary_decomposition, round_up
-
 DEFAULT_ALIGN_BYTES = 256
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Tensor ``index`` lives at ``offset_bytes`` inside block ``block``."""
-
-    index: int
-    block: int
-    offset_bytes: int
-    nbytes: int
+def _align(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Blocks (sizes, in host order) and one slot per tensor."""
+class HostLayout:
+    """Offset of every tensor in the host buffer; ``total_bytes`` is the buffer's size."""
 
-    block_sizes_bytes: tuple[int, ...]
-    slots: tuple[Slot, ...]
-    payload_bytes: int  # sum of tensor sizes, before alignment and rounding
+    offsets_bytes: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    total_bytes: int
 
     @property
-    def total_bytes(self) -> int:
-        return sum(self.block_sizes_bytes)
-
-    def host_offset_bytes(self, block: int) -> int:
-        return sum(self.block_sizes_bytes[:block])
+    def payload_bytes(self) -> int:
+        return sum(self.nbytes)
 
 
-def _pow2_at_least(size_bytes: int, unit_bytes: int) -> int:
-    units = max(1, -(-size_bytes // unit_bytes))
-    return unit_bytes << (units - 1).bit_length()
+def plan_host_layout(
+    tensor_nbytes: Sequence[int], align_bytes: int = DEFAULT_ALIGN_BYTES
+) -> HostLayout:
+    offsets, position = [], 0
+    for nbytes in tensor_nbytes:
+        offsets.append(position)
+        position = _align(position + nbytes, align_bytes)
+    return HostLayout(tuple(offsets), tuple(tensor_nbytes), position)
 
 
-def _pack(
-    sizes: Sequence[int], order: Sequence[int], blocks: list[int], used: list[int]
-) -> tuple[list[tuple[int, int]], list[int]]:
-    """Best-fit-decreasing of tensors ``order`` into ``blocks``.
+@dataclass(frozen=True)
+class Unit:
+    """A module that owns tensors: its qualified name and the (contiguous) tensors it owns."""
 
-    Returns ``(placements as (tensor, block), unplaced tensors)`` and updates ``used``.
+    module_name: str
+    first_tensor: int
+    num_tensors: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Tensors ``[first_tensor, stop_tensor)``: host bytes ``[host_start, host_stop)``."""
+
+    first_tensor: int
+    stop_tensor: int
+    host_start_bytes: int
+    host_stop_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.host_stop_bytes - self.host_start_bytes
+
+
+def split_units(unit_bytes: Sequence[int], num_parts: int) -> list[range]:
+    """Cut units, in order, into at most ``num_parts`` contiguous runs minimising the largest.
+
+    Binary search on the cap with a greedy fill (optimal for contiguous partitions), then
+    the heaviest splittable run is cut again while fewer runs than parts exist, so every
+    device gets work when there are enough units. Deterministic.
     """
-    unplaced: list[int] = []
-    placements: list[tuple[int, int]] = []
-    for index in order:
-        candidates = [b for b in range(len(blocks)) if blocks[b] - used[b] >= sizes[index]]
-        if not candidates:
-            unplaced.append(index)
-            continue
-        best = min(candidates, key=lambda b: (blocks[b] - used[b], b))
-        placements.append((index, best))
-        used[best] += sizes[index]
-    return placements, unplaced
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    if not unit_bytes:
+        return [range(0, 0)]
 
+    def greedy(cap: int) -> list[range]:
+        runs, start, acc = [], 0, 0
+        for i, nbytes in enumerate(unit_bytes):
+            if acc + nbytes > cap and i > start:
+                runs.append(range(start, i))
+                start, acc = i, 0
+            acc += nbytes
+        runs.append(range(start, len(unit_bytes)))
+        return runs
 
-def plan_layout(
-    tensor_nbytes: Sequence[int],
-    min_block_bytes: int,
-    align_bytes: int = DEFAULT_ALIGN_BYTES,
-    num_tries: int = 32,
-) -> Layout:
-    """Pack tensors of the given sizes into power-of-two blocks of at least ``min_block_bytes``.
-
-    Tensors are indivisible, so a packing into the binary decomposition of the exact total
-    usually leaves a few tensors over. Starting totals one granule apart decompose into
-    different block sets, so ``num_tries`` of them are packed and the smallest result kept
-    (ties: fewer blocks, then the earlier try). Deterministic.
-    """
-    sizes = [round_up(max(n, 1), align_bytes) for n in tensor_nbytes]
-    total = round_up(max(sum(sizes), 1), min_block_bytes)
-    best: tuple[int, int, list[int], dict[int, int]] | None = None
-    for attempt in range(num_tries):
-        blocks, slots = _pack_from(sizes, total + attempt * min_block_bytes, min_block_bytes)
-        used_blocks = sorted(set(slots.values()))
-        size = sum(blocks[b] for b in used_blocks)
-        if best is None or (size, len(used_blocks)) < (best[0], best[1]):
-            best = (size, len(used_blocks), blocks, slots)
-        if size == total:
+    low, high = max(unit_bytes), sum(unit_bytes)
+    while low < high:
+        middle = (low + high) // 2
+        if len(greedy(middle)) <= num_parts:
+            high = middle
+        else:
+            low = middle + 1
+    runs = greedy(low)
+    while len(runs) < num_parts:
+        splittable = [r for r in runs if len(r) > 1]
+        if not splittable:
             break
-    assert best is not None
-    return _assign_offsets(tensor_nbytes, sizes, best[2], best[3])
+        heaviest = max(splittable, key=lambda r: (sum(unit_bytes[i] for i in r), -r.start))
+        cut = min(
+            range(heaviest.start + 1, heaviest.stop),
+            key=lambda c: max(
+                sum(unit_bytes[heaviest.start : c]), sum(unit_bytes[c : heaviest.stop])
+            ),
+        )
+        at = runs.index(heaviest)
+        runs[at : at + 1] = [range(heaviest.start, cut), range(cut, heaviest.stop)]
+    return runs
 
 
-def _pack_from(
-    sizes: list[int], start_total: int, min_block_bytes: int
-) -> tuple[list[int], dict[int, int]]:
-    blocks = binary_decomposition(start_total, min_block_bytes)
-    used = [0] * len(blocks)
-    slots: dict[int, int] = {}
-    pending = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-    while pending:
-        placements, pending = _pack(sizes, pending, blocks, used)
-        slots.update(placements)
-        if pending:  # spill: a block big enough for the largest leftover, plus the rest
-            spill = round_up(sum(sizes[i] for i in pending), min_block_bytes)
-            largest = _pow2_at_least(sizes[pending[0]], min_block_bytes)
-            extra = [largest] + binary_decomposition(max(spill - largest, 0), min_block_bytes)
-            blocks.extend(extra)
-            used.extend([0] * len(extra))
-    return blocks, slots
+def plan_shards(units: Sequence[Unit], host: HostLayout, num_parts: int) -> tuple[Shard, ...]:
+    """The shards of a replica over ``num_parts`` devices (fewer when there are fewer units)."""
+    if not units:
+        return (Shard(0, 0, 0, 0),)
 
+    def span(first: int, stop: int) -> tuple[int, int]:
+        if stop <= first:
+            return (0, 0)
+        return host.offsets_bytes[first], host.offsets_bytes[stop - 1] + host.nbytes[stop - 1]
 
-def _assign_offsets(
-    tensor_nbytes: Sequence[int], sizes: list[int], blocks: list[int], slots: dict[int, int]
-) -> Layout:
-    fill = [0] * len(blocks)
-    placed: list[Slot] = []
-    for index in range(len(sizes)):
-        block = slots[index]
-        placed.append(Slot(index, block, fill[block], tensor_nbytes[index]))
-        fill[block] += sizes[index]
-    keep = [b for b in range(len(blocks)) if fill[b] > 0] or [0]
-    renumber = {old: new for new, old in enumerate(keep)}
-    final = tuple(Slot(s.index, renumber[s.block], s.offset_bytes, s.nbytes) for s in placed)
-    return Layout(tuple(blocks[b] for b in keep), final, sum(tensor_nbytes))
-
-
-def split_balanced(tensor_nbytes: Sequence[int], num_parts: int) -> list[list[int]]:
-    """Split tensor indices, in order, into ``num_parts`` contiguous groups of similar bytes.
-
-    Used to shard a multi-device service: consecutive tensors (roughly consecutive layers)
-    stay together. Greedy against the running target; every part gets at least one tensor
-    when there are enough tensors.
-    """
-    total = sum(tensor_nbytes)
-    parts: list[list[int]] = [[] for _ in range(num_parts)]
-    part, acc = 0, 0
-    for index, nbytes in enumerate(tensor_nbytes):
-        remaining_tensors = len(tensor_nbytes) - index
-        must_advance = remaining_tensors <= num_parts - 1 - part and parts[part]
-        target = total * (part + 1) / num_parts
-        if part < num_parts - 1 and parts[part] and (acc + nbytes / 2 > target or must_advance):
-            part += 1
-        parts[part].append(index)
-        acc += nbytes
-    return parts
+    unit_bytes = [
+        span(u.first_tensor, u.first_tensor + u.num_tensors)[1]
+        - span(u.first_tensor, u.first_tensor + u.num_tensors)[0]
+        for u in units
+    ]
+    shards = []
+    for run in split_units(unit_bytes, num_parts):
+        first = units[run.start].first_tensor
+        stop = units[run.stop - 1].first_tensor + units[run.stop - 1].num_tensors
+        start_bytes, stop_bytes = span(first, stop)
+        shards.append(Shard(first, stop, start_bytes, stop_bytes))
+    return tuple(shards)

@@ -1,78 +1,81 @@
-"""Shell: ``GpuManager``, the GPU manager of one node (Evict-on-Execution).
+"""Shell: ``GpuManager``, the GPU mechanism of one node, addressed by the core's replica ids.
 
-Who calls: the node agent (later) and benchmarks/tests directly. Services are registered
-once (built on the host, weights kept in a host backup, rejected at once if they could never
-fit); ``call`` validates a request, batches it with concurrent requests to the same service,
-and runs the batch in a worker thread: the service is swapped in if it is not resident
-(relocating idle services inside the arena, then evicting least-recently-used unpinned
-services, when its blocks do not fit), pinned while
-it runs, and stays resident afterwards until space is needed.
+Who calls: the node agent (carrying out the core's ``LoadService``/``EvictService``
+decisions and running actions), benchmarks and tests. The manager keeps no policy: it never
+picks devices, never evicts on its own initiative, never decides when to compact for
+performance. It obeys:
+- ``register_module``/``register_folder``: build a service once, keep one host copy.
+- ``load(replica_id, service, devices)``: a device copy split by module over exactly
+  ``devices``; slides idle replicas down (compaction) when the free bytes are fragmented.
+- ``evict(replica_id)``: drain that replica's runs, release exactly its memory.
+- ``run(replica_id, request)`` / ``run_async``: a batched forward pass on that replica.
 
-Thread-safety: one condition variable guards all accounting; forward passes run outside
-it. ``call`` is the asyncio face; ``call_sync`` the blocking one (same path, batch of one).
+Concurrency: one condition variable (``_lock``) guards the registry, the replica table and
+the extent accounting, and is held only for bookkeeping. Copies (swap-in, relocation), file
+reads, tokenisation and forward passes run outside it: reserve under the lock, work outside,
+publish under it. Each replica has its own state machine and lock (``replica.py``). The
+asyncio faces hand everything to a bounded thread pool.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from arl_tangram.managers.gpu import models
-from arl_tangram.managers.gpu.batching import MicroBatcher
+from arl_tangram.managers.gpu.arena import DeviceArena
+from arl_tangram.managers.gpu.batching import ThreadBatcher
 from arl_tangram.managers.gpu.devices import DeviceSpec, discover_devices
 from arl_tangram.managers.gpu.errors import (
-    DeviceBusyError,
-    DeviceOutOfMemoryError,
+    CallCancelledError,
+    DuplicateReplicaError,
     DuplicateServiceError,
     InvalidRequestError,
     ManagerClosedError,
     NeverFitsError,
     ServiceFailedError,
-    ServiceRuntimeError,
+    UnknownReplicaError,
     UnknownServiceError,
 )
+from arl_tangram.managers.gpu.execution import run_items
+from arl_tangram.managers.gpu.extents import Extent
 from arl_tangram.managers.gpu.handlers import HANDLERS
-from arl_tangram.managers.gpu.residency import Residency
-from arl_tangram.managers.gpu.service import LoadedModel, ModelService, ServiceState
-from arl_tangram.managers.gpu.status import (
-    DeviceStatus,
-    ServiceStatus,
-    device_status,
-    service_status,
-)
+from arl_tangram.managers.gpu.relocation import Relocator
+from arl_tangram.managers.gpu.replica import Replica, ReplicaState
+from arl_tangram.managers.gpu.routing import device_context
+from arl_tangram.managers.gpu.service import LoadedModel, ModelService, ServiceInfo
+from arl_tangram.managers.gpu.status import manager_status
 
 Factory = Callable[[], "torch.nn.Module | LoadedModel"]
-COMPACTION_MODES = ("off", "on_demand", "eager")
+_MAX_TOMBSTONES = 4096  # evicted/failed replica ids remembered for clear errors
 
 
 @dataclass(frozen=True)
 class GpuManagerConfig:
     """Knobs of the manager. ``None`` means: pick by device kind (documented per field)."""
 
-    min_block_bytes: int | None = None  # buddy granule: 64 KiB on CPU devices, 2 MiB on CUDA
-    align_bytes: int = 256  # start of every tensor inside a block
+    granule_bytes: int | None = None  # extent granule: 64 KiB on CPU devices, 2 MiB on CUDA
+    align_bytes: int = 256  # start of every tensor inside a shard
     batch_window_s: float = 0.002  # how long a batch waits for company
     max_batch_size: int = 32
-    num_workers: int | None = None  # forward-pass threads: one per CUDA device, else 1
-    acquire_timeout_s: float = 60.0  # wait for pinned services to finish before DeviceBusyError
+    num_async_threads: int = 64  # threads behind run_async/load_async/evict_async
+    wait_timeout_s: float = 60.0  # bound of every wait (runs draining, loads in progress)
+    close_timeout_s: float = 30.0  # how long close() waits for forward passes in flight
     torch_num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
-    # Relocating idle services inside an arena (``compaction.py``): "off"; "on_demand" = when
-    # a service does not fit, relocate (fewest moves) before evicting anything; "eager" =
-    # on_demand plus a full compaction of the devices an eviction freed. None: "eager" on
-    # CUDA (an on-device copy is far cheaper than the host -> device swap-in it saves),
-    # "on_demand" on CPU devices (there both copies run at memory bandwidth).
-    compaction: str | None = None
 
 
 class GpuManager:
-    """Model services on the devices of one node. Use as a context manager or call ``close``."""
+    """Model replicas on the devices of one node. Use as a context manager or call ``close``."""
 
     def __init__(
         self, devices: Sequence[DeviceSpec] | None = None, config: GpuManagerConfig | None = None
@@ -85,20 +88,19 @@ class GpuManager:
         self._pin_host = on_cuda and torch.cuda.is_available()
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
-        min_block = self.config.min_block_bytes or ((2 << 20) if on_cuda else (64 << 10))
-        self.compaction = self.config.compaction or ("eager" if on_cuda else "on_demand")
-        if self.compaction not in COMPACTION_MODES:
-            raise ValueError(
-                f"compaction must be one of {COMPACTION_MODES}, got {self.compaction!r}"
-            )
-        self._residency = Residency(self.devices, min_block)
+        granule = self.config.granule_bytes or ((2 << 20) if on_cuda else (64 << 10))
+        self._arenas = [DeviceArena(spec, granule) for spec in self.devices]
+        self._lock = threading.Condition()
+        self._closed = threading.Event()
+        self._num_ops = 0
         self._services: dict[str, ModelService] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        workers = self.config.num_workers or (sum(d.kind == "cuda" for d in self.devices) or 1)
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="arl-tangram-gpu")
-        self._batcher = MicroBatcher(
-            self._execute, self._executor, self.config.batch_window_s, self.config.max_batch_size
+        self._replicas: collections.OrderedDict[str, Replica] = collections.OrderedDict()
+        self._batcher = ThreadBatcher(self.config.batch_window_s, self.config.max_batch_size)
+        self._pool = ThreadPoolExecutor(
+            self.config.num_async_threads, thread_name_prefix="arl-tangram-gpu"
+        )
+        self._relocator = Relocator(
+            self._arenas, self._lock, self._closed, self.config.wait_timeout_s
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -109,259 +111,358 @@ class GpuManager:
         self.close()
 
     def close(self) -> None:
-        """Stop accepting calls, wait for running batches, free the arenas. Idempotent."""
-        with self._cond:
-            if self._closed:
+        """End every call with ``CallCancelledError``, free the arenas. Idempotent, thread-safe.
+
+        Waiting calls are woken and cancelled at once; forward passes and copies already
+        running are waited for (up to ``close_timeout_s``; their memory stays alive while
+        they hold it) and then report cancelled too.
+        """
+        with self._lock:
+            if self._closed.is_set():
                 return
-            self._closed = True
-            self._cond.notify_all()
-        self._executor.shutdown(wait=True)
-        with self._cond:
-            for service in self._services.values():
-                if service.state is ServiceState.RESIDENT:
-                    self._residency.evict(service)
-            self._residency.close()
+            self._closed.set()
+            self._lock.notify_all()
+            replicas = list(self._replicas.values())
+        for replica in replicas:
+            with replica.cond:
+                replica.cond.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + self.config.close_timeout_s
+        with self._lock:
+            while self._num_ops and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+            for replica in replicas:
+                self._release(replica)
+                with replica.cond:
+                    _end_on_close(replica)
+                replica.drop()
+            self._replicas.clear()
+        for arena in self._arenas:
+            arena.close()
+        for service in self._services.values():
+            service.release_host()
 
     async def aclose(self) -> None:
-        """Drain batches started from the running loop, then ``close`` (in a thread)."""
-        import asyncio
-
-        await self._batcher.drain()
         await asyncio.to_thread(self.close)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @contextlib.contextmanager
+    def _op(self) -> Iterator[None]:
+        """Count a public call so ``close`` can wait for it; refuse calls after close."""
+        with self._lock:
+            if self._closed.is_set():
+                raise ManagerClosedError("the GPU manager is closed")
+            self._num_ops += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._num_ops -= 1
+                self._lock.notify_all()
+
     # -- registration --------------------------------------------------------------------
-    def register_module(
-        self, name: str, factory: Factory, kind: str, num_devices: int = 1
-    ) -> ServiceStatus:
+    def register_module(self, name: str, factory: Factory, handler: str) -> ServiceInfo:
         """Register a service built by ``factory`` (an ``nn.Module`` or a ``LoadedModel``).
 
-        The factory runs once, now, in the caller's thread. A factory that raises leaves the
-        service registered as ``failed`` with its error (the returned status says so); a
-        service that could never fit raises ``NeverFitsError`` and is not registered.
+        The factory runs once, now, in the caller's thread, outside every lock. A factory that
+        raises leaves the service registered as ``failed`` with its error; a service that no
+        device of the node could hold even split over all of them raises ``NeverFitsError``
+        and is not registered.
         """
-        return self._register(name, lambda: _as_loaded(factory()), kind, num_devices)
+        return self._register(name, lambda: _as_loaded(factory()), handler)
 
-    def register_folder(
-        self, name: str, path: str | Path, kind: str, num_devices: int = 1
-    ) -> ServiceStatus:
+    def register_folder(self, name: str, path: str | Path, handler: str) -> ServiceInfo:
         """Register a local model folder (safetensors + config.json, optional tokenizer)."""
         folder = Path(path)
         hint = models.folder_weight_bytes(folder) if folder.is_dir() else 0
-        largest = max(a.allocator.capacity_bytes for a in self._residency.arenas)
-        if hint > largest * num_devices:
+        if hint > sum(self.device_capacity_bytes()):
             raise NeverFitsError(
-                f"service {name!r}: {folder} holds {hint} bytes of weights; {num_devices} device(s) "
-                f"of at most {largest} bytes cannot hold it"
+                f"service {name!r}: {folder} holds {hint} bytes of weights; all devices together "
+                f"hold {sum(self.device_capacity_bytes())} bytes"
             )
-        return self._register(name, lambda: models.load_folder(folder, kind), kind, num_devices)
+        return self._register(name, lambda: models.load_folder(folder, handler), handler)
 
-    def _register(
-        self, name: str, loader: Callable[[], LoadedModel], kind: str, num_devices: int
-    ) -> ServiceStatus:
+    def _register(self, name: str, loader: Callable[[], LoadedModel], handler: str) -> ServiceInfo:
         if not isinstance(name, str) or not name:
             raise InvalidRequestError("name", "must be a non-empty string")
-        if kind not in HANDLERS:
-            raise InvalidRequestError("kind", f"must be one of {sorted(HANDLERS)}, got {kind!r}")
-        service = ModelService(name, kind, num_devices)
-        with self._cond:
-            self._check_open()
+        if handler not in HANDLERS:
+            raise InvalidRequestError(
+                "handler", f"must be one of {sorted(HANDLERS)}, got {handler!r}"
+            )
+        service = ModelService(name, handler)
+        with self._op(), self._lock:
             if name in self._services:
                 raise DuplicateServiceError(f"service {name!r} is already registered")
-            if num_devices not in self._residency.chunks.level_sizes:
-                raise NeverFitsError(
-                    f"service {name!r} needs {num_devices} devices; this node offers chunks of "
-                    f"{list(self._residency.chunks.level_sizes)} devices"
-                )
-            self._services[name] = service  # reserve the name while loading
+            self._services[name] = service  # reserve the name; invisible until ready
         try:
-            model = loader()
-            block = self._residency.min_block_bytes
-            service.adopt(model, block, self.config.align_bytes, self._pin_host)
+            service.adopt(loader(), self._pin_host, self.config.align_bytes)
         except Exception as exc:  # a broken model must not take the manager down
-            with self._cond:
-                service.error = f"{type(exc).__name__}: {exc}"
-                service.model = None
-                service.transition(ServiceState.FAILED)
-                return service_status(service, self._residency)
-        with self._cond:
-            try:
-                self._residency.check_fits_ever(service)
-            except NeverFitsError:
+            service.error = f"{type(exc).__name__}: {exc}"
+            service.model = None
+            return service.info()
+        footprint = self.footprint_bytes(name, len(self._arenas))
+        if footprint > max(self.device_capacity_bytes()):
+            with self._lock:
                 del self._services[name]
-                raise
-            service.transition(ServiceState.HOST)
-            return service_status(service, self._residency)
-
-    # -- calls ---------------------------------------------------------------------------
-    async def call(self, service: str, request: Any) -> dict[str, Any]:
-        """Run one request on ``service``; batched with concurrent requests to it."""
-        parsed = self._parse(service, request)
-        result: dict[str, Any] = await self._batcher.submit(service, parsed)
-        return result
-
-    def call_sync(self, service: str, request: Any) -> dict[str, Any]:
-        """Blocking ``call`` in the caller's thread (a batch of one)."""
-        parsed = self._parse(service, request)
-        result = self._execute(service, [parsed])[0]
-        if isinstance(result, BaseException):
-            raise result
-        return dict(result)
-
-    def _parse(self, name: str, request: Any) -> Any:
-        service = self._get(name)
-        if service.state is ServiceState.FAILED or service.model is None:
-            raise ServiceFailedError(name, service.error or "still loading")
-        return HANDLERS[service.kind].parse(request, service.model, name)
-
-    def _get(self, name: str) -> ModelService:
-        with self._cond:
-            self._check_open()
-            service = self._services.get(name)
-            if service is None or service.state is ServiceState.LOADING:
-                raise UnknownServiceError(name, list(self._services))
-            return service
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ManagerClosedError("the GPU manager is closed")
-
-    def _execute(self, name: str, items: list[Any]) -> list[Any]:
-        """Worker-thread body: pin (swapping in as needed), run, unpin. One result per item."""
-        service = self._get(name)
-        self._acquire(service)
-        try:
-            with torch.inference_mode():
-                return self._run_items(service, items)
-        finally:
-            with self._cond:
-                service.in_use -= 1
-                service.num_requests += len(items)
-                self._cond.notify_all()
-
-    def _run_items(self, service: ModelService, items: list[Any]) -> list[Any]:
-        """Run a batch; out of memory splits it in halves, other errors isolate each request."""
-        assert service.model is not None
-        try:
-            return HANDLERS[service.kind].run(service.model, items, service.input_device)
-        except torch.OutOfMemoryError as exc:
-            if service.input_device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(items) == 1:
-                return [
-                    DeviceOutOfMemoryError(
-                        f"service {service.name!r}: out of memory on a single request: {exc}"
-                    )
-                ]
-            middle = len(items) // 2
-            return self._run_items(service, items[:middle]) + self._run_items(
-                service, items[middle:]
+            service.release_host()
+            raise NeverFitsError(
+                f"service {name!r} needs {footprint} bytes on its most loaded device even split over "
+                f"all {len(self._arenas)} device(s); the largest device holds {max(self.device_capacity_bytes())} bytes"
             )
-        except Exception as exc:
-            if len(items) > 1:
-                return [result for item in items for result in self._run_items(service, [item])]
-            return [
-                ServiceRuntimeError(f"service {service.name!r} raised {type(exc).__name__}: {exc}")
-            ]
+        return service.info()
 
-    def _acquire(self, service: ModelService) -> None:
-        """Make ``service`` resident and pin it; evicts LRU unpinned services to make room."""
-        deadline = time.monotonic() + self.config.acquire_timeout_s
-        with self._cond:
-            while True:
-                self._check_open()
-                if service.state is ServiceState.FAILED:
-                    raise ServiceFailedError(service.name, service.error or "unknown")
-                if service.state is ServiceState.RESIDENT:
-                    break
-                resident = self._resident()
-                placement = self._residency.try_place(service)
-                relocate = placement is None and self.compaction != "off"
-                if relocate and self._residency.make_room(service, resident):  # before evicting
-                    placement = self._residency.try_place(service)
-                if placement is not None:
-                    self._residency.swap_in(service, placement)
-                    break
-                victim = self._residency.pick_victim(service, resident)
-                if victim is not None:
-                    devices = [device for device, _ in victim.placement or []]
-                    self._residency.evict(victim)
-                    if self.compaction == "eager":
-                        self._residency.compact(devices, self._resident())
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._cond.wait(remaining):
-                    raise DeviceBusyError(
-                        f"service {service.name!r}: no room after {self.config.acquire_timeout_s} s; "
-                        "every resident service stayed in use"
+    # -- queries -------------------------------------------------------------------------
+    def services(self) -> list[str]:
+        """Names of registered services (failed ones included), sorted."""
+        with self._lock:
+            return sorted(n for n, s in self._services.items() if s.model is not None or s.error)
+
+    def service_info(self, name: str) -> ServiceInfo:
+        return self._service(name, ready=False).info()
+
+    def device_capacity_bytes(self) -> list[int]:
+        """Arena bytes per device index (what replicas can use in total)."""
+        return [arena.extents.capacity_bytes for arena in self._arenas]
+
+    def device_free_bytes(self) -> list[int]:
+        with self._lock:
+            return [arena.extents.free_bytes for arena in self._arenas]
+
+    def footprint_bytes(self, service: str, num_devices: int) -> int:
+        """Arena bytes one replica of ``service`` split over ``num_devices`` takes on its most
+        loaded device (exactly what ``load`` reserves there, granule included)."""
+        if not isinstance(num_devices, int) or num_devices < 1:
+            raise InvalidRequestError(
+                "num_devices", f"must be a positive integer, got {num_devices!r}"
+            )
+        shards = self._service(service).shards(num_devices)
+        granule = self._arenas[0].extents
+        return max(granule.size_for(shard.nbytes) for shard in shards)
+
+    def replica_state(self, replica_id: str) -> str:
+        return self._replica(replica_id).state.value
+
+    def _service(self, name: str, ready: bool = True) -> ModelService:
+        with self._lock:
+            service = self._services.get(name)
+            if service is None or (service.model is None and not service.error):
+                known = [n for n, s in self._services.items() if s.model is not None or s.error]
+                raise UnknownServiceError(name, known)
+        if ready and service.model is None:
+            raise ServiceFailedError(name, service.error or "failed")
+        return service
+
+    def _replica(self, replica_id: str) -> Replica:
+        with self._lock:
+            replica = self._replicas.get(replica_id)
+        if replica is None:
+            raise UnknownReplicaError(replica_id)
+        return replica
+
+    # -- load / evict --------------------------------------------------------------------
+    def load(self, replica_id: str, service: str, devices: Sequence[int]) -> float:
+        """Make a replica of ``service`` resident on exactly ``devices``; returns the copy seconds.
+
+        Succeeds whenever each device has at least ``footprint_bytes(service, len(devices))``
+        free bytes, relocating idle replicas down when the free bytes are fragmented. Never
+        evicts: a device without enough free bytes raises ``InsufficientDeviceMemoryError``
+        naming it. Ids are unique among loaded replicas (``DuplicateReplicaError``); the id of
+        an evicted or failed replica may be reused. Runs submitted while it loads wait for it.
+        """
+        with self._op():
+            indices = self._check_devices(devices)
+            model = self._service(service)
+            shards = model.shards(len(indices))
+            replica = Replica(replica_id, model, indices[: len(shards)], shards)
+            with self._lock:
+                old = self._replicas.get(replica_id)
+                if old is not None and old.state not in (ReplicaState.EVICTED, ReplicaState.FAILED):
+                    raise DuplicateReplicaError(
+                        f"replica {replica_id!r} is already {old.state.value}"
                     )
-            service.in_use += 1
-            self._residency.touch(service)
+                self._replicas.pop(replica_id, None)
+                self._replicas[replica_id] = replica
+                self._prune_tombstones()
+            try:
+                deadline = time.monotonic() + self.config.wait_timeout_s
+                for i, shard in enumerate(shards):
+                    replica.extents[i] = self._relocator.reserve(
+                        replica, replica.devices[i], shard.nbytes, deadline, self._movable
+                    )
+                started = time.perf_counter()
+                replica.materialise(self._arenas)  # the heavy copy: no manager lock held
+                with self._lock, replica.cond:
+                    if self._closed.is_set():
+                        raise CallCancelledError(
+                            f"replica {replica_id!r}: the GPU manager closed during load"
+                        )
+                    replica.load_s = time.perf_counter() - started
+                    replica.transition(ReplicaState.RESIDENT)
+                return replica.load_s
+            except BaseException as exc:
+                with self._lock:
+                    self._release(replica)
+                    with replica.cond:
+                        replica.error = f"{type(exc).__name__}: {exc}"
+                        replica.transition(ReplicaState.FAILED)
+                    self._lock.notify_all()
+                replica.drop()
+                raise
 
-    def _resident(self) -> list[ModelService]:
-        """Resident services sorted by name (determinism). Call with the lock held."""
-        return sorted(
-            (s for s in self._services.values() if s.state is ServiceState.RESIDENT),
-            key=lambda s: s.name,
-        )
+    def _check_devices(self, devices: Sequence[int]) -> list[int]:
+        indices = list(devices)
+        if not indices or any(
+            type(d) is not int or not 0 <= d < len(self._arenas) for d in indices
+        ):
+            raise InvalidRequestError(
+                "devices",
+                f"must be a non-empty list of device indices in [0, {len(self._arenas)}), got {indices!r}",
+            )
+        if len(set(indices)) != len(indices):
+            raise InvalidRequestError("devices", f"must not repeat a device, got {indices!r}")
+        return indices
 
-    # -- operations ----------------------------------------------------------------------
-    def compact(self) -> None:
-        """Fully compact every device now (idle services only; in-use ones are not moved)."""
-        with self._cond:
-            self._check_open()
-            self._residency.compact(range(len(self._residency.arenas)), self._resident())
+    def _movable(self, device: int) -> dict[int, tuple[Replica, int]]:
+        """Extent offset -> (replica, shard) of resident replicas on ``device``. Lock held."""
+        found: dict[int, tuple[Replica, int]] = {}
+        for replica in self._replicas.values():
+            if replica.state is ReplicaState.RESIDENT:
+                for shard, (d, extent) in enumerate(
+                    zip(replica.devices, replica.extents, strict=True)
+                ):
+                    if d == device and extent is not None:
+                        found[extent.offset_bytes] = (replica, shard)
+        return found
 
-    def prefetch(self, name: str) -> float:
-        """Make ``name`` resident now (evicting as needed); returns the swap-in seconds (0 if resident)."""
-        service = self._get(name)
-        before = service.num_swap_ins
-        self._acquire(service)
-        with self._cond:
-            service.in_use -= 1
-            self._cond.notify_all()
-            return service.last_swap_in_s if service.num_swap_ins > before else 0.0
+    def evict(self, replica_id: str) -> None:
+        """Release exactly this replica's device memory once its in-flight runs finished.
 
-    def evict(self, name: str) -> bool:
-        """Evict ``name`` if resident and not in use; returns whether it was evicted."""
-        service = self._get(name)
-        with self._cond:
-            if service.state is not ServiceState.RESIDENT or service.in_use:
-                return False
-            self._residency.evict(service)
-            return True
+        Runs submitted after the call starts get ``ReplicaEvictedError``. Waits for a load or
+        a move of it to end first. A second evict of an evicted (or failed) id is a no-op; an
+        id never loaded raises ``UnknownReplicaError``. If runs stay in flight past
+        ``wait_timeout_s`` it raises ``DeviceBusyError`` and the replica keeps serving.
+        """
+        with self._op():
+            replica = self._replica(replica_id)
+            deadline = time.monotonic() + self.config.wait_timeout_s
+            if not replica.begin_evict(deadline, self._closed):
+                return
+            if not replica.wait_idle(deadline, self._closed):
+                replica.abort_evict(self._closed)
+            with self._lock:
+                self._release(replica)
+                with replica.cond:
+                    replica.transition(ReplicaState.EVICTED)
+                self._lock.notify_all()
+            replica.drop()
 
+    def _release(self, replica: Replica) -> None:
+        """Free the replica's extents (lock held). Idempotent."""
+        for i, (device, extent) in enumerate(zip(replica.devices, replica.extents, strict=True)):
+            if extent is not None:
+                self._arenas[device].extents.free(extent.offset_bytes)
+                replica.extents[i] = None
+
+    def _prune_tombstones(self) -> None:
+        ended = [
+            rid
+            for rid, r in self._replicas.items()
+            if r.state in (ReplicaState.EVICTED, ReplicaState.FAILED)
+        ]
+        for rid in ended[: max(0, len(ended) - _MAX_TOMBSTONES)]:
+            del self._replicas[rid]
+
+    def compact(self, device: int) -> int:
+        """Slide every idle replica on ``device`` down now; returns the bytes moved."""
+        with self._op():
+            self._check_devices([device])
+            return self._relocator.compact(
+                device, time.monotonic() + self.config.wait_timeout_s, self._movable
+            )
+
+    # -- runs ----------------------------------------------------------------------------
+    def run(self, replica_id: str, request: Any) -> dict[str, Any]:
+        """Run one request on the replica (blocking, thread-safe); batched with concurrent
+        runs of the same replica. Malformed requests raise ``InvalidRequestError``."""
+        with self._op():
+            replica = self._replica(replica_id)
+            service = replica.service
+            assert service.model is not None
+            parsed = HANDLERS[service.handler].parse(request, service.model, service.name)
+            result: dict[str, Any] = self._batcher.submit(
+                replica, parsed, lambda items: self._execute(replica, items)
+            )
+            return result
+
+    async def run_async(self, replica_id: str, request: Any) -> dict[str, Any]:
+        """``run`` on a worker thread: the event loop never parses, waits or computes."""
+        return await self._in_pool(self.run, replica_id, request)
+
+    async def load_async(self, replica_id: str, service: str, devices: Sequence[int]) -> float:
+        return await self._in_pool(self.load, replica_id, service, devices)
+
+    async def evict_async(self, replica_id: str) -> None:
+        await self._in_pool(self.evict, replica_id)
+
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(self._pool, fn, *args)
+        except RuntimeError as exc:  # the pool is shut down
+            raise ManagerClosedError("the GPU manager is closed") from exc
+        return await future
+
+    def _execute(self, replica: Replica, items: list[Any]) -> list[Any]:
+        """Batch leader's body: enter the replica, forward pass, leave. One result per item."""
+        replica.enter(time.monotonic() + self.config.wait_timeout_s, self._closed)
+        try:
+            assert replica.model is not None
+            with torch.inference_mode(), device_context(replica.home_device):
+                results = run_items(replica, items)
+        finally:
+            replica.exit(len(items))
+        if self._closed.is_set():
+            cancelled = CallCancelledError(
+                f"replica {replica.replica_id!r}: the GPU manager closed during the run"
+            )
+            return [cancelled] * len(items)
+        return results
+
+    # -- observation ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """A JSON-able snapshot: devices (capacity, free, largest block) and services."""
-        with self._cond:
-            devices: list[DeviceStatus] = [
-                device_status(i, arena, self._services.values())
-                for i, arena in enumerate(self._residency.arenas)
-            ]
-            services: list[ServiceStatus] = [
-                service_status(s, self._residency) for _, s in sorted(self._services.items())
-            ]
-        return {
-            "devices": [asdict(d) for d in devices],
-            "services": {s.name: asdict(s) for s in services},
-        }
+        """A JSON-able snapshot: devices, services and replicas."""
+        with self._lock:
+            return manager_status(self._arenas, self._services, self._replicas)
 
     def check_invariants(self) -> None:
-        """Allocator and residency accounting agree (tests call this in teardown)."""
-        with self._cond:
-            for arena in self._residency.arenas:
-                arena.allocator.check_invariants()
-            self._residency.chunks.check_invariants()
-            for i, arena in enumerate(self._residency.arenas):
-                held = sum(
-                    block.size_bytes
-                    for s in self._services.values()
-                    for device, blocks in (s.placement or [])
-                    if device == i
-                    for block in blocks
+        """Extent accounting is consistent and equals what live replicas hold (tests)."""
+        with self._lock:
+            for index, arena in enumerate(self._arenas):
+                if arena.buffer.numel() == 0:
+                    continue  # closed
+                arena.extents.check_invariants()
+                held: list[Extent] = [
+                    extent
+                    for r in self._replicas.values()
+                    for d, extent in zip(r.devices, r.extents, strict=True)
+                    if d == index and extent is not None
+                ]
+                assert sum(e.size_bytes for e in held) == arena.extents.used_bytes, (
+                    f"device {index}: replicas hold {sum(e.size_bytes for e in held)}, "
+                    f"accounting says {arena.extents.used_bytes}"
                 )
-                assert held == arena.allocator.used_bytes, (
-                    f"device {i}: services hold {held}, allocator says {arena.allocator.used_bytes}"
-                )
+
+
+def _end_on_close(replica: Replica) -> None:
+    """Close ends every replica (replica lock held)."""
+    if replica.state in (ReplicaState.LOADING, ReplicaState.RESIDENT, ReplicaState.EVICTING):
+        replica.transition(ReplicaState.FAILED)
+        replica.error = "the GPU manager closed"
+    elif replica.state is ReplicaState.MOVING:
+        replica.transition(ReplicaState.EVICTED)
 
 
 def _as_loaded(built: Any) -> LoadedModel:
