@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from arl_tangram.core import ledger
@@ -94,11 +94,18 @@ def collect(
     return pools
 
 
-def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) -> Claim:
+def waiting_on(ed: StateEditor, pools: Pools) -> dict[str, int]:
+    """Candidates plus backlog per touched node with candidates (the pools this round plans)."""
+    return {n: len(c) + len(pools.backlog.get(n, ())) for n, c in pools.candidates.items() if ed.is_touched(n)}
+
+
+def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, cap: int | None = None) -> Claim:
     """The allocation view of a CPU candidate.
 
     A CPU-elastic action claims cores per unit of DoP (its fixed part is charged by the
-    caller). Any other action is one indivisible unit costing its whole CPU demand.
+    caller), at most ``cap`` units (never below its minimum) when the pool prices its
+    cores (``opportunity.fair_caps``). Any other action is one indivisible unit costing
+    its whole CPU demand.
     """
     spec = qa.spec
     if spec.key is not ResourceKind.CPU:
@@ -107,6 +114,8 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None) ->
     lo, hi = spec.dop_min, spec.dop_max
     if fixed_dop is not None:
         lo = hi = min(max(fixed_dop, spec.dop_min), spec.dop_max)
+    elif cap is not None:
+        hi = max(lo, min(hi, cap))
     t_ori = ledger.estimated_t_ori(ed, qa)
     try:
         return _claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
@@ -141,23 +150,26 @@ def start_pools(
     evict: bool,
     aging_s: float = float("inf"),
     tries: int = 8,
+    caps: Mapping[str, int] | None = None,
 ) -> list[Decision]:
     """Start each touched node's candidates: fixed DoP, or water-filled with up to ``tries``
-    greedy deferrals (``evict``)."""
+    greedy deferrals (``evict``), each elastic claim capped at its node's ``caps`` entry."""
     decisions: list[Decision] = []
     for node_id in sorted(pools.candidates):
         if evict and not ed.is_touched(node_id):
             continue  # nothing changed there since its last plan: the plan stands
         cands = pools.candidates[node_id]
-        claims = [claim_of(ed, qa, fixed_dop) for qa in cands]
+        cap = caps.get(node_id) if caps else None
+        claims = [claim_of(ed, qa, fixed_dop, cap) for qa in cands]
         fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands if qa.spec.key is ResourceKind.CPU)
         budget = ed.cpu[node_id].free_millicores - fixed_part
         if evict:
-            backlog = [claim_of(ed, qa, fixed_dop) for qa in pools.backlog.get(node_id, [])]
+            backlog = [claim_of(ed, qa, fixed_dop, cap) for qa in pools.backlog.get(node_id, [])]
             deferrable = [ed.now_s - qa.submitted_s < aging_s for qa in cands]
             plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, tries, backlog, deferrable)
             chosen, dops = plan.start, plan.dops
-            reason = f"elastic: water-filled over {len(cands)} candidates, {plan.evictions} deferred"
+            priced = f", DoP capped at {cap} for expected arrivals" if cap is not None else ""
+            reason = f"elastic: water-filled over {len(cands)} candidates, {plan.evictions} deferred{priced}"
         else:
             chosen, dops = tuple(range(len(cands))), tuple(c.dop_min for c in claims)
             reason = f"fixed DoP {fixed_dop}"

@@ -7,7 +7,7 @@ Evict-on-Execution; API actions pass a global token bucket. Envs hold memory onl
 from __future__ import annotations
 
 from arl_tangram.core.decisions import Decision
-from arl_tangram.core.policies import cpu_round, placement, quota, services
+from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, services
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.state import QueuedAction, StateEditor
 
@@ -16,7 +16,12 @@ class ElasticPolicy(Policy):
     """``depth`` bounds candidates per round and the queued actions an estimate charges;
     ``deferral_tries`` bounds the greedy eviction per pool (8 measured as good as 32 on the
     coding and dense-ablation workloads, at a quarter of the cost); ``aging_s`` bounds
-    backfill overtaking; ``host_to_device_gbps`` prices a swap-in against waiting."""
+    backfill overtaking; ``host_to_device_gbps`` prices a swap-in against waiting;
+    ``opportunity_cost`` caps a grant at the fair share of the arrivals the node expects
+    (``opportunity.fair_caps``; off: the reference policy, spare cores priced at zero).
+
+    Holds configuration only (no per-round state), so one instance may serve several loops.
+    """
 
     name = "elastic"
 
@@ -27,37 +32,50 @@ class ElasticPolicy(Policy):
         host_to_device_gbps: float = 25.0,
         scan_limit: int = 1024,
         deferral_tries: int = 8,
+        opportunity_cost: bool = True,
     ) -> None:
         self.depth = depth
+        self.opportunity_cost = opportunity_cost
         self.deferral_tries = deferral_tries
         self.aging_s = aging_s
         self.host_to_device_gbps = host_to_device_gbps
         self.scan_limit = scan_limit
-        self._wake: float | None = None
 
-    def dop_floor(self, qa: QueuedAction) -> int:
-        return qa.spec.dop_min
-
-    def fixed_dop(self) -> int | None:
+    def fixed_dop(self, ed: StateEditor) -> int | None:
+        """The DoP every elastic action gets, or None for elastic allocation."""
         return None
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
         decisions = placement.place_spread(ed, cause)
-        pools = cpu_round.collect(ed, self.depth, self.aging_s, self.dop_floor, self.scan_limit)
-        fixed = self.fixed_dop()
-        decisions += cpu_round.start_pools(ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s, tries=self.deferral_tries)
+        fixed = self.fixed_dop(ed)
+
+        def dop_floor(qa: QueuedAction) -> int:
+            spec = qa.spec
+            return spec.dop_min if fixed is None else min(max(fixed, spec.dop_min), spec.dop_max)
+
+        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit)
+        caps = None
+        if fixed is None and self.opportunity_cost:
+            caps = opportunity.fair_caps(ed, cpu_round.waiting_on(ed, pools))
+        decisions += cpu_round.start_pools(
+            ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s, tries=self.deferral_tries, caps=caps
+        )
         decisions += services.schedule_pooled(ed, cause, self.depth, self.host_to_device_gbps)
-        quota_decisions, quota_wake = quota.schedule_managed(ed, cause)
-        decisions += quota_decisions
-        aging_wake = None
-        if pools.oldest_blocked_s is not None and pools.oldest_blocked_s + self.aging_s > ed.now_s:
-            aging_wake = pools.oldest_blocked_s + self.aging_s
-        wakes = [w for w in (quota_wake, aging_wake) if w is not None]
-        self._wake = min(wakes) if wakes else None
+        decisions += quota.schedule_managed(ed, cause)[0]
         return decisions
 
     def wake_at(self, ed: StateEditor) -> float | None:
-        return self._wake
+        """Derived from the round's final state: when the next quota token arrives for a
+        waiting API action, or when the oldest queued CPU action reaches the aging bound
+        (it then reserves its node). Nothing is carried between calls."""
+        wakes = [w for w in (quota.next_token_s(ed), self._aging_wake(ed)) if w is not None]
+        return min(wakes) if wakes else None
+
+    def _aging_wake(self, ed: StateEditor) -> float | None:
+        for qa in ed.queue_cpu.values():  # FCFS: the first is the oldest still waiting
+            at = qa.submitted_s + self.aging_s
+            return at if at > ed.now_s else None
+        return None
 
 
 class FixedDopPolicy(ElasticPolicy):
@@ -69,19 +87,11 @@ class FixedDopPolicy(ElasticPolicy):
     def __init__(self, dop: int = 4, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.dop = dop
-        self._dop = dop
 
-    def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
+    def fixed_dop(self, ed: StateEditor) -> int | None:
         # A DoP wider than a node could never start: cap it at the smallest node's cores.
         smallest = min((sum(n.numa_cores) for n in ed.spec.cpu_nodes), default=self.dop)
-        self._dop = max(1, min(self.dop, smallest))
-        return super().schedule(ed, cause)
-
-    def dop_floor(self, qa: QueuedAction) -> int:
-        return min(max(self._dop, qa.spec.dop_min), qa.spec.dop_max)
-
-    def fixed_dop(self) -> int | None:
-        return self._dop
+        return max(1, min(self.dop, smallest))
 
 
 class IdealPolicy(FixedDopPolicy):

@@ -38,6 +38,27 @@ def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float
     return decisions, wake
 
 
+def next_token_s(ed: StateEditor) -> float | None:
+    """When a rate token next arrives for a provider whose head-of-line API action waits for
+    one (the wake-up ``schedule_managed`` reports), read from the state after the round."""
+    wake: float | None = None
+    seen: set[str] = set()
+    for qa in ed.queue_api.values():
+        provider = qa.spec.binding.name
+        if provider in seen:
+            continue
+        seen.add(provider)
+        pool = ed.spec.quota_pool(provider)
+        q = ed.quota.get(provider)
+        if pool is None or q is None or pool.rate_per_s <= 0:
+            continue
+        bucket = min(float(pool.max_concurrency), q.bucket + (ed.now_s - q.refilled_s) * pool.rate_per_s)
+        if bucket < 1.0 - BUCKET_EPS:
+            at = ed.now_s + (1.0 - bucket) / pool.rate_per_s
+            wake = at if wake is None else min(wake, at)
+    return wake
+
+
 def schedule_unmanaged(ed: StateEditor, cause: str) -> list[Decision]:
     """Today's practice: each worker calls the provider at once; overload comes back as 429s."""
     decisions: list[Decision] = []
