@@ -18,6 +18,7 @@ import numpy as np
 from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.topology import ClusterSpec, GpuNodeSpec, uniform_cluster
 from arl_tangram.sim import platform as platforms
+from arl_tangram.sim.bound import capacity_bound, instance_from_run
 from arl_tangram.sim.runner import Simulation
 from arl_tangram.sim.workload import Workload
 from arl_tangram.sim.workloads.coding import CodingParams, coding_workload
@@ -48,6 +49,7 @@ class RunSpec:
     cores_per_node: int = 256
     gpus: int = 0
     seed: int = 1
+    bound: bool = False  # also compute the capacity bound on this run's arrivals (coding)
 
 
 def build_workload(spec: RunSpec) -> Workload:
@@ -108,6 +110,10 @@ def execute(spec: RunSpec) -> dict[str, Any]:
         "parameters": dict(workload.parameters),
         "platform_parameters": PLATFORMS[spec.platform].describe(),
     }
+    if spec.bound:
+        inst = instance_from_run(workload.trajectories, m.actions, cores, PLATFORMS[spec.platform].action_overhead_s)
+        b = capacity_bound(inst)
+        row["bound"] = {"mean_s": b.mean_s, "ideal_mean_s": b.ideal_mean_s, "iterations": b.iterations, "actions": len(inst.arrivals_s)}
     if cores:
         row["cpu"] = m.utilisation("cpu", cores)
         row["cpu_series"] = [s.tolist() for s in m.reserved["cpu"].series(step, 100)] + [m.used["cpu"].series(step, 100)[1].tolist()]
