@@ -155,7 +155,7 @@ class ProviderServer(str):
 
     def _retry_after_header(self, wait_s: float) -> dict[str, str]:
         if self.retry_after == "seconds":
-            return {"Retry-After": f"{wait_s:.3f}"}
+            return {"Retry-After": f"{math.ceil(wait_s * 1000) / 1000:.3f}"}  # rounded up: never early
         if self.retry_after == "int":
             return {"Retry-After": str(math.ceil(wait_s))}
         if self.retry_after == "date":

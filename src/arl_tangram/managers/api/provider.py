@@ -89,7 +89,7 @@ class Provider:
         while True:
             grant = await self._acquire(declared, deadline, trace)
             if grant is None:
-                return trace.result("timed_out", self._quota_timeout_cause(timeout_s))
+                return trace.result("timed_out", self._quota_timeout_cause(timeout_s, trace))
             trace.attempts += 1
             failure, timed_out = await self._attempt(grant, request, declared, deadline, trace)
             if timed_out:
@@ -210,12 +210,16 @@ class Provider:
         status = None if trace.response is None else trace.response.status_code
         return trace.result("failed", f"provider {cfg.name!r} answered {status} after {trace.attempts} attempt(s)")
 
-    def _quota_timeout_cause(self, timeout_s: float) -> str:
+    def _quota_timeout_cause(self, timeout_s: float, trace: _Trace) -> str:
         cfg = self.config
         limits = f"rate_per_s={cfg.rate_per_s:g}, max_concurrency={cfg.max_concurrency}"
         if cfg.tokens_per_min is not None:
             limits += f", tokens_per_min={cfg.tokens_per_min}"
-        return f"no quota on provider {cfg.name!r} within the call's timeout_s={timeout_s:g} ({cfg.num_keys} key(s), per key {limits})"
+        pushed_back = f"; {trace.upstream_429s} upstream 429(s) held keys back" if trace.upstream_429s else ""
+        return (
+            f"no quota on provider {cfg.name!r} within the call's timeout_s={timeout_s:g} "
+            f"({cfg.num_keys} key(s), per key {limits}{pushed_back})"
+        )
 
     def status(self) -> dict[str, Any]:
         now = self._clock()
