@@ -1,0 +1,174 @@
+"""Shell: ``arl-tangram sim sweep``: the coding experiment under perturbed workloads and seeds.
+
+At the paper's scale (15 × 256 cores, batch 1280), each workload parameter is set to ×0.5
+and ×2 of its default, one at a time, plus ``--seeds`` seeds at defaults. Every setting
+runs elastic, fixed DoP 4/8/16/32, Kubernetes with and without control-plane costs, the
+unlimited ideal, and the capacity bound (``sim/bound.py``) on elastic's own arrivals.
+Nothing is tuned per setting: every policy keeps its defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import fields
+from typing import Any
+
+from arl_tangram.sim.experiments import PAPER_CPU_NODES, RunSpec, run_all
+from arl_tangram.sim.paper import CODING_BATCH, pod_millicores
+from arl_tangram.sim.workloads.coding import CodingParams
+
+# Parameters the issue names, as CodingParams fields.
+PERTURBED = ("think_mean_s", "command_mean_s", "test_fraction", "test_t_ori_mean_s", "test_serial_fraction", "reward_t_ori_mean_s", "sigma")
+FACTORS = (0.5, 2.0)
+FIXED_DOPS = (4, 8, 16, 32)
+MARGIN_SLACK = 1.01  # elastic "beats" the best fixed DoP when within 1% of it (the issue's rule)
+
+
+def settings(seeds: int) -> list[tuple[str, dict[str, Any], int]]:
+    """(name, workload params, seed) for every setting: seeds at defaults, then perturbations at seed 1."""
+    defaults = {f.name: f.default for f in fields(CodingParams)}
+    out: list[tuple[str, dict[str, Any], int]] = [(f"seed-{s}", {"batch": CODING_BATCH}, s) for s in range(1, seeds + 1)]
+    for name in PERTURBED:
+        for factor in FACTORS:
+            value = defaults[name] * factor
+            if name == "test_fraction":
+                value = min(1.0, value)
+            out.append((f"{name}x{factor:g}", {"batch": CODING_BATCH, name: value}, 1))
+    return out
+
+
+def specs_for(name: str, wp: dict[str, Any], seed: int, batch_scale: float = 1.0) -> list[RunSpec]:
+    wp = dict(wp, batch=max(8, int(wp["batch"] * batch_scale)))
+    nodes = max(1, round(PAPER_CPU_NODES * batch_scale))
+    pod = {"pod_millicores": pod_millicores(wp["batch"], nodes)}
+    runs = [RunSpec(name, "elastic", "coding", wp, "elastic", {}, "tangram", nodes, seed=seed, bound=True)]
+    runs += [RunSpec(name, f"fixed-dop-{d}", "coding", wp, "fixed-dop", {"dop": d}, "tangram", nodes, seed=seed) for d in FIXED_DOPS]
+    runs.append(RunSpec(name, "k8s-static", "coding", wp, "k8s-static", pod, "k8s", nodes, seed=seed))
+    runs.append(RunSpec(name, "k8s-static+control-plane", "coding", wp, "k8s-static", pod, "k8s+cp", nodes, seed=seed))
+    runs.append(RunSpec(name, "ideal", "coding", wp, "ideal", {}, "ideal", nodes, cores_per_node=256 * 64, seed=seed))
+    return runs
+
+
+def setting_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's figures from its rows (all share one experiment name)."""
+    by = {r["label"]: r for r in rows}
+    elastic = by["elastic"]["act"]["mean_s"]
+    fixed = {d: by[f"fixed-dop-{d}"]["act"]["mean_s"] for d in FIXED_DOPS}
+    best_dop = min(fixed, key=lambda d: fixed[d])
+    return {
+        "elastic_act_s": elastic,
+        "fixed_act_s": {str(d): v for d, v in fixed.items()},
+        "best_fixed_dop": best_dop,
+        "margin_vs_best_fixed": fixed[best_dop] / elastic,
+        "elastic_beats_all_fixed": elastic <= MARGIN_SLACK * fixed[best_dop],
+        "k8s_act_s": by["k8s-static"]["act"]["mean_s"],
+        "k8s_cp_act_s": by["k8s-static+control-plane"]["act"]["mean_s"],
+        "ideal_act_s": by["ideal"]["act"]["mean_s"],
+        "bound_act_s": by["elastic"]["bound"]["mean_s"],
+        "bound_ideal_same_arrivals_s": by["elastic"]["bound"]["ideal_mean_s"],
+        "bound_ratio": elastic / by["elastic"]["bound"]["mean_s"],
+        "step_gain": by["k8s-static"]["step_s"] / by["elastic"]["step_s"],
+        "act_gain": by["k8s-static"]["act"]["mean_s"] / elastic,
+        "k8s_env_busy_fraction": by["k8s-static"]["env_busy_fraction"],
+    }
+
+
+def summarize(per_setting: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    seeds = [v for k, v in per_setting.items() if k.startswith("seed-")]
+    head = per_setting["seed-1"]
+    gains = [s["step_gain"] for s in seeds]
+    return {
+        "elastic_beats_all_fixed_fraction": sum(s["elastic_beats_all_fixed"] for s in per_setting.values()) / len(per_setting),
+        "headline_margin_vs_best_fixed": head["margin_vs_best_fixed"],
+        "coding_bound_ratio": head["bound_ratio"],
+        "step_gain_min_over_seeds": min(gains),
+        "step_gain_mean_over_seeds": sum(gains) / len(gains),
+        "margin_min": min(s["margin_vs_best_fixed"] for s in per_setting.values()),
+        "settings_missed": sorted(k for k, s in per_setting.items() if not s["elastic_beats_all_fixed"]),
+    }
+
+
+TARGETS = {
+    "elastic_beats_all_fixed_fraction": (">=", 1.0),
+    "headline_margin_vs_best_fixed": (">=", 1.05),
+    "coding_bound_ratio": ("<=", 1.2),
+    "step_gain_min_over_seeds": (">=", 1.4),
+}
+
+
+def _progress_bar(total: int) -> Any:
+    done = [0]
+    t0 = time.perf_counter()
+
+    def tick(row: dict[str, Any]) -> None:
+        done[0] += 1
+        width = 30
+        filled = width * done[0] // total
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done[0]}/{total} {time.perf_counter() - t0:6.0f} s  "
+              f"{row['experiment'][:22]:<22} {row['label'][:24]:<24}", end="" if done[0] < total else "\n", file=sys.stderr, flush=True)
+
+    return tick
+
+
+def plot_margins(per_setting: dict[str, dict[str, Any]], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(per_setting)
+    margins = [per_setting[n]["margin_vs_best_fixed"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors = ["tab:green" if per_setting[n]["elastic_beats_all_fixed"] else "tab:red" for n in names]
+    ax.bar(range(len(names)), margins, color=colors)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.05, color="grey", linestyle="--", linewidth=0.8, label="headline target 1.05")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([f"{n} (dop {per_setting[n]['best_fixed_dop']})" for n in names], rotation=70, ha="right", fontsize=7)
+    ax.set_ylabel("best fixed DoP mean ACT / elastic")
+    ax.set_title("AI coding 15 x 256 cores, batch 1280: elastic vs the best fixed DoP per setting")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="arl-tangram sim sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds at defaults (at least 5 for the summary's claims)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the scale (batch 128 on 2 nodes): a smoke run")
+    parser.add_argument("--report-dir", default="reports/sweep")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    scale = 0.1 if args.quick else 1.0
+    specs = [s for name, wp, seed in settings(args.seeds) for s in specs_for(name, wp, seed, scale)]
+    rows = run_all(specs, args.workers, _progress_bar(len(specs)))
+    per_setting = {name: setting_figures([r for r in rows if r["experiment"] == name]) for name in dict.fromkeys(r["experiment"] for r in rows)}
+    summary = summarize(per_setting)
+    summary["wall_s"] = time.perf_counter() - t0
+    targets = {k: {"value": summary[k], "target": f"{op} {v}", "met": summary[k] >= v if op == ">=" else summary[k] <= v} for k, (op, v) in TARGETS.items()}
+    plot = None if args.no_plots else plot_margins(per_setting, os.path.join(args.report_dir, "sweep_margins.png"))
+    result = {"summary": summary, "targets": targets, "settings": per_setting, "plot": plot, "quick": args.quick}
+    os.makedirs(args.report_dir, exist_ok=True)
+    with open(os.path.join(args.report_dir, "sweep.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for name, s in per_setting.items():
+        print(f"{name:<28} elastic {s['elastic_act_s']:.3f}  best fixed {s['best_fixed_dop']:>2} {s['fixed_act_s'][str(s['best_fixed_dop'])]:.3f}"
+              f"  margin {s['margin_vs_best_fixed']:.3f}  bound {s['bound_act_s']:.3f}  ideal {s['ideal_act_s']:.3f}  step gain {s['step_gain']:.2f}")
+    for key, t in targets.items():
+        print(f"{key}: {t['value']:.3f}  target {t['target']}: {'met' if t['met'] else 'MISSED'}")
+    print(f"wall {summary['wall_s']:.0f} s; plot {plot}")
+    return 0
