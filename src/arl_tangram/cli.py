@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 
 BENCHES = ("scheduler", "cpu", "gpu")
-SIMS = ("paper",)
+SIMS = ("paper", "sweep")
+SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return 0
     module_name = (
-        f"arl_tangram.sim.cli_{args.experiment}"
+        SIM_MODULES.get(args.experiment, f"arl_tangram.sim.cli_{args.experiment}")
         if args.command == "sim"
         else f"arl_tangram.bench.{args.target}"
     )
