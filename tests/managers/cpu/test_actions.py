@@ -39,8 +39,8 @@ def test_granted_dop_is_visible(manager: CpuManager, sandbox: str) -> None:
 def test_state_persists_across_actions(manager: CpuManager, sandbox: str) -> None:
     assert manager.exec(sandbox, "echo 42 > keep.txt").ok
     assert manager.exec(sandbox, "cat keep.txt").stdout == b"42\n"
-    # a background process survives its action and the freeze between actions
-    assert manager.exec(sandbox, "nohup sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid").ok
+    # a background process asked for survives its action and the freeze between actions
+    assert manager.exec(sandbox, "nohup sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid", background=True).ok
     r = manager.exec(sandbox, "kill -0 $(cat /tmp/bg.pid) && echo alive")
     assert r.stdout == b"alive\n"
     session = manager.open_session(sandbox)

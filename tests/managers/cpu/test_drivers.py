@@ -117,8 +117,9 @@ def test_v2_driver_accounting_and_kill(fake_v2: Path) -> None:
     assert drv.slot_cpu_ns("sb-1", "a0") == 250_000_000
     (fake_v2 / "arl-tangram-t" / "sb-1" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert drv.oom_kills("sb-1") == 1
-    drv.kill_slot("sb-1", "a0")
-    assert (slot / "cgroup.kill").read_text() == "1"
+    assert drv.kill_slot("sb-1", "a0") == 0  # nothing listed: nothing left
+    assert (slot / "cgroup.freeze").read_text() == "0"  # thawed after the kill round
+    assert (slot / "cpu.max").read_text() == "max 100000"  # quota lifted so the killed can exit
     assert drv.slot_pids("sb-1", "a0") == []
 
 

@@ -10,7 +10,7 @@ BUSY2 = "for i in 1 2 3; do timeout {s} sh -c 'while :; do :; done' & done; wait
 
 
 def test_idle_sandbox_with_busy_loop_uses_no_cpu(manager: CpuManager, sandbox: str) -> None:
-    r = manager.exec(sandbox, "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &")
+    r = manager.exec(sandbox, "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", background=True)
     assert r.ok
     sb = manager.get_sandbox(sandbox)
     time.sleep(0.2)  # let the freeze settle

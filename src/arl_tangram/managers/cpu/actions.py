@@ -1,8 +1,12 @@
 """Shell: run one action (a program) inside a granted sandbox and account for it.
 
-Who calls: ``CpuManager`` after it has granted cores and acquired a slot; this module does
-not touch grants. The action's process tree is exactly the slot's tasks, so a timeout or a
-cancel kills the tree (including daemons it forked) and nothing else; the sandbox survives.
+Who calls: ``CpuManager`` after the sandbox applied the grant to a slot; this module does
+not touch grants. The action's process tree is exactly the slot's tasks: when the program
+exits (any outcome) whatever it left running is killed, daemons included, unless the caller
+asked for ``background=True``; a timeout or a cancel kills the tree and nothing else. The
+launcher is never killed: it reaps its child and exits, so no orphan reaches the host.
+Infrastructure trouble never raises: it becomes ``error`` with the cause, or ``cancelled``
+when the sandbox is being destroyed.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from arl_tangram.managers.cpu import reaper
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
+from arl_tangram.managers.cpu.cgroup_kill import is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
+from arl_tangram.managers.cpu.errors import CpuManagerError
 from arl_tangram.managers.cpu.launch import (
     HOST_ENV,
     LAUNCH_FAILED_RC,
@@ -26,7 +31,7 @@ from arl_tangram.managers.cpu.launch import (
 )
 from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.proc_io import pump
-from arl_tangram.managers.cpu.results import ExecResult, classify
+from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 
@@ -40,6 +45,7 @@ class ActionRequest:
     stdin: bytes | None
     timeout_s: float
     max_output_bytes: int
+    background: bool = False
 
 
 def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool) -> subprocess.Popen[bytes]:
@@ -50,23 +56,51 @@ def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping
         full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv)
     else:
         full = join_then_exec(join, nsenter_argv(sandbox.init_pid, sandbox.layout, cwd, env, argv))
-    return reaper.spawn(
+    return subprocess.Popen(
         full, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=HOST_ENV,
     )  # fmt: skip
 
 
 def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, launcher_pid: int) -> None:
-    driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included
-    kill_tree(launcher_pid)  # what a cgroup-less (unisolated) run can still find
+    driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included; launcher spared
+    kill_tree(launcher_pid, spare_root=True)  # what a cgroup-less (unisolated) run can still find
+
+
+def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[int, str | None]:
+    """Kill what the action left in its slot: (tasks killed, error when some survived, in
+    which case the sandbox is marked dead: its pids budget can no longer be trusted)."""
+    leftovers = [p for p in driver.slot_pids(sandbox.group, slot) if not is_host_level(p)]
+    if not leftovers:
+        return 0, None
+    left = driver.kill_slot(sandbox.group, slot)
+    if left:
+        reason = f"{left} tasks of an action survived the kill"
+        sandbox.mark_dead(reason)
+        return len(leftovers), reason
+    return len(leftovers), None
 
 
 def run_action(
     sandbox: Sandbox, driver: CgroupDriver, slot: str, req: ActionRequest, grant: tuple[tuple[int, ...], int], cancel: threading.Event | None
 ) -> ExecResult:
-    """Run ``req`` to its end in ``slot`` (granted ``grant`` = (cpus, cores)); never raises
-    for the program's own failures, only returns a result naming the outcome."""
+    """Run ``req`` to its end in ``slot`` (granted ``grant`` = (cpus, millicores)); never
+    raises: the program's failures and the manager's own trouble are outcomes."""
     t0 = time.perf_counter()
+    try:
+        return _run(sandbox, driver, slot, req, grant, cancel, t0)
+    except (OSError, CpuManagerError) as exc:
+        if sandbox.is_destroying:
+            return ExecResult(outcome=Outcome.CANCELLED, exit_code=None, wall_s=time.perf_counter() - t0,
+                              cores=len(grant[0]), cpus=grant[0], millicores=grant[1])  # fmt: skip
+        return ExecResult(outcome=Outcome.ERROR, exit_code=None, wall_s=time.perf_counter() - t0, cores=len(grant[0]),
+                          cpus=grant[0], millicores=grant[1], error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+
+def _run(
+    sandbox: Sandbox, driver: CgroupDriver, slot: str, req: ActionRequest, grant: tuple[tuple[int, ...], int],
+    cancel: threading.Event | None, t0: float,
+) -> ExecResult:  # fmt: skip
     driver.reset_slot_counters(sandbox.group, slot)
     oom_before = driver.oom_kills(sandbox.group)
     proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None)
@@ -75,15 +109,17 @@ def run_action(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc.pid),
     )  # fmt: skip
+    killed, error = (0, None) if req.background and not (res.timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
     wall_s = time.perf_counter() - t0
-    reaper.release(proc)
-    error = None
-    if res.returncode == LAUNCH_FAILED_RC and bytes(res.stderr.data).startswith(LAUNCH_MARK):
+    cancelled = res.cancelled or sandbox.is_destroying
+    if cancelled:
+        error = None  # destroyed under it: the run was cancelled, not broken
+    elif res.returncode == LAUNCH_FAILED_RC and bytes(res.stderr.data).startswith(LAUNCH_MARK):
         error = "launcher failed: " + bytes(res.stderr.data).decode(errors="replace").strip()
     elif not sandbox.alive():
-        error = f"sandbox died during the action: {sandbox.dead_reason}"
+        error = error or f"sandbox died during the action: {sandbox.dead_reason}"
     oom_kills = driver.oom_kills(sandbox.group) - oom_before
-    outcome = classify(exit_code=res.returncode, timed_out=res.timed_out, cancelled=res.cancelled, oom_kills=oom_kills, error=error)
+    outcome = classify(exit_code=res.returncode, timed_out=res.timed_out, cancelled=cancelled, oom_kills=oom_kills, error=error)
     return ExecResult(
         outcome=outcome, exit_code=res.returncode,
         stdout=bytes(res.stdout.data), stderr=bytes(res.stderr.data),
@@ -91,6 +127,6 @@ def run_action(
         stdout_bytes=res.stdout.total_bytes, stderr_bytes=res.stderr.total_bytes,
         wall_s=wall_s, cpu_s=driver.slot_cpu_ns(sandbox.group, slot) / 1e9,
         peak_mem_bytes=driver.slot_peak_bytes(sandbox.group, slot),
-        cores=grant[1], cpus=grant[0], error=error,
+        cores=len(grant[0]), cpus=grant[0], millicores=grant[1], error=error, leftovers_killed=killed,
         timings={"spawn_s": t_spawned - t0},
     )  # fmt: skip

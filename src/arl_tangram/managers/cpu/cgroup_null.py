@@ -34,6 +34,17 @@ class NullCgroupDriver:
         return ()
 
     def set_grant(self, sandbox: str, cpus: Sequence[int] | None, quota_us: int | None) -> None: ...
+    def set_slot_grant(self, sandbox: str, slot: str, cpus: Sequence[int] | None, quota_us: int | None) -> None: ...
+    def set_shares(self, sandbox: str, shares: int) -> None: ...
+
+    def sibling_roots(self) -> list[str]:
+        return []
+
+    def list_sandboxes(self) -> list[str]:
+        return []
+
+    def root_exists(self) -> bool:
+        return False
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None: ...
     def freeze(self, sandbox: str) -> None: ...
     def thaw(self, sandbox: str) -> None: ...
@@ -44,10 +55,12 @@ class NullCgroupDriver:
     def sandbox_pids(self, sandbox: str) -> list[int]:
         return []
 
-    def kill_slot(self, sandbox: str, slot: str) -> None:
+    def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
         """Best effort without cgroups: nothing identifies the slot's processes."""
+        return 0
 
-    def kill_sandbox(self, sandbox: str) -> None: ...
+    def kill_sandbox(self, sandbox: str, *, spare_host: bool = True) -> int:
+        return 0
     def reset_slot_counters(self, sandbox: str, slot: str) -> None: ...
 
     def slot_cpu_ns(self, sandbox: str, slot: str) -> int:
@@ -66,8 +79,9 @@ class NullCgroupDriver:
         return 0
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants (found via /proc children lists)."""
+def kill_tree(pid: int, *, spare_root: bool = False) -> None:
+    """SIGKILL ``pid`` and its descendants (found via /proc children lists); with
+    ``spare_root`` only the descendants (the root, a launcher, then reaps its child)."""
     todo, seen = [pid], set()
     while todo:
         p = todo.pop()
@@ -76,6 +90,6 @@ def kill_tree(pid: int) -> None:
         seen.add(p)
         with contextlib.suppress(OSError), open(f"/proc/{p}/task/{p}/children", encoding="ascii") as f:
             todo.extend(int(c) for c in f.read().split())
-    for p in seen:
+    for p in seen - ({pid} if spare_root else set()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)

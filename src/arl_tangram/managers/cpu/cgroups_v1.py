@@ -2,17 +2,16 @@
 
 Each controller may be its own mount (this host mounts cpu and cpuacct separately) and the
 manager's own group may differ per controller (memory is nested here), so every controller
-gets its own parent directory, found by ``cgroup_detect``. Sandboxes carry every limit;
-slots exist only in the accounting hierarchies (cpuacct, memory, freezer): quota, cpuset and
-pids of a slot's tasks are those of the sandbox group.
+gets its own parent directory, found by ``cgroup_detect``. Sandboxes carry memory, pids and
+the aggregate CPU quota; slots exist in every hierarchy but pids, so each action has its own
+cpuset and quota (what it was granted, nothing more: ``nproc`` inside reports its cpus)
+below the sandbox's, its own accounting, and can be frozen and killed alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import time
 from collections.abc import Mapping, Sequence
 
 from arl_tangram.managers.cpu.cgroup_driver import (
@@ -29,10 +28,11 @@ from arl_tangram.managers.cpu.cgroup_fs import (
     rmdir_retry,
     write_text,
 )
+from arl_tangram.managers.cpu.cgroup_kill import kill_frozen
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
-_SLOT_CONTROLLERS = ("cpuacct", "memory", "freezer")
+_SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer")
 
 
 class CgroupV1Driver:
@@ -107,8 +107,30 @@ class CgroupV1Driver:
             rmdir_retry(base)
 
     def create_slot(self, sandbox: str, slot: str) -> None:
+        """A slot starts on all of the sandbox's cpus, unlimited below the sandbox's quota."""
         for c in self._unique(_SLOT_CONTROLLERS):
             os.mkdir(self._path(c, sandbox, slot))
+        # a v1 cpuset child starts empty and refuses tasks until cpus and mems are set
+        for key in ("cpuset.mems", "cpuset.cpus"):
+            write_text(self._path("cpuset", sandbox, slot, key), read_text(self._path("cpuset", sandbox, key)).strip())
+        write_text(self._path("cpu", sandbox, slot, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+
+    def sibling_roots(self) -> list[str]:
+        """Names of every manager root group (``arl-tangram-*``) beside ours, in any hierarchy."""
+        names: set[str] = set()
+        for c in self._unique(V1_CONTROLLERS):
+            with contextlib.suppress(FileNotFoundError):
+                names.update(e.name for e in os.scandir(self._parents[c]) if e.is_dir() and e.name.startswith("arl-tangram-"))
+        return sorted(names)
+
+    def list_sandboxes(self) -> list[str]:
+        """Sandbox group names under this root (for a sweep of a dead manager's groups)."""
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(e.name for e in os.scandir(self._dirs["freezer"]) if e.is_dir() and e.name.startswith("sb-"))
+        return []
+
+    def root_exists(self) -> bool:
+        return any(os.path.isdir(self._dirs[c]) for c in self._unique(V1_CONTROLLERS))
 
     def remove_slot(self, sandbox: str, slot: str) -> None:
         for c in self._unique(_SLOT_CONTROLLERS):
@@ -128,7 +150,18 @@ class CgroupV1Driver:
         if cpus is not None:
             write_text(self._path("cpuset", sandbox, "cpuset.cpus"), format_cpus(cpus))
         if quota_us is not None:
-            write_text(self._path("cpu", sandbox, "cpu.cfs_quota_us"), str(max(quota_us, CPU_QUOTA_MIN_US) if quota_us >= 0 else -1))
+            write_text(self._path("cpu", sandbox, "cpu.cfs_quota_us"), _quota(quota_us))
+
+    def set_slot_grant(self, sandbox: str, slot: str, cpus: Sequence[int] | None, quota_us: int | None) -> None:
+        """One action's own cpuset and quota (-1: unlimited below the sandbox's quota)."""
+        if cpus is not None:
+            write_text(self._path("cpuset", sandbox, slot, "cpuset.cpus"), format_cpus(cpus))
+        if quota_us is not None:
+            write_text(self._path("cpu", sandbox, slot, "cpu.cfs_quota_us"), _quota(quota_us))
+
+    def set_shares(self, sandbox: str, shares: int) -> None:
+        """CFS weight of the sandbox against its siblings (a Burstable holding's request)."""
+        write_text(self._path("cpu", sandbox, "cpu.shares"), str(max(2, shares)))
 
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path("memory", sandbox, "memory.limit_in_bytes"), str(mem_bytes))
@@ -150,39 +183,35 @@ class CgroupV1Driver:
 
     def _tids(self, base: str) -> list[int]:
         tids = read_pids(os.path.join(base, "tasks"))
-        try:
-            children = [e.path for e in os.scandir(base) if e.is_dir()]
-        except FileNotFoundError:
-            return tids
-        for child in children:
+        for child in _subdirs(base):
             tids.extend(read_pids(os.path.join(child, "tasks")))
         return tids
 
-    def kill_slot(self, sandbox: str, slot: str) -> None:
-        """SIGKILL every task of one slot (frozen first so nothing forks meanwhile); waits."""
-        self._kill_frozen(self._path("freezer", sandbox, slot))
+    def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
+        """SIGKILL every task of one slot (launchers spared, see ``cgroup_kill``); returns
+        how many are left after the bounded retries (0 = all gone)."""
+        return self._kill((sandbox, slot), spare_host)
 
-    def kill_sandbox(self, sandbox: str) -> None:
-        """SIGKILL every task of the sandbox and all its slots; waits until they are gone."""
-        self._kill_frozen(self._path("freezer", sandbox))
+    def kill_sandbox(self, sandbox: str, *, spare_host: bool = True) -> int:
+        """SIGKILL every task of the sandbox and all its slots; returns how many are left."""
+        return self._kill((sandbox,), spare_host)
 
-    def _kill_frozen(self, base: str, timeout_s: float = 5.0) -> None:
-        state = os.path.join(base, "freezer.state")
-        try:
-            write_text(state, "FROZEN")
-        except FileNotFoundError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while True:
-            tids = self._tids(base)
-            for tid in tids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(tid, signal.SIGKILL)
-            write_text(state, "THAWED")
-            if not tids or time.monotonic() > deadline:
-                return
-            time.sleep(0.002)
-            write_text(state, "FROZEN")
+    def _kill(self, parts: tuple[str, ...], spare_host: bool) -> int:
+        base = self._path("freezer", *parts)
+
+        def unlimit() -> None:
+            # a slot's kill runs under the sandbox's current grant (the caller keeps one
+            # applied); a sandbox's kill lifts every quota: all tasks must get CPU to exit
+            write_text(self._path("cpu", *parts, "cpu.cfs_quota_us"), "-1")
+            if len(parts) == 1:
+                for slot in _subdirs(self._path("cpu", *parts)):
+                    with contextlib.suppress(FileNotFoundError):
+                        write_text(os.path.join(slot, "cpu.cfs_quota_us"), "-1")
+
+        def freeze(on: bool) -> None:
+            write_text(os.path.join(base, "freezer.state"), "FROZEN" if on else "THAWED")
+
+        return kill_frozen(lambda: self._tids(base), freeze, unlimit, spare_host=spare_host)
 
     # -- accounting ---------------------------------------------------------------------
     def reset_slot_counters(self, sandbox: str, slot: str) -> None:
@@ -209,3 +238,14 @@ class CgroupV1Driver:
         with contextlib.suppress(FileNotFoundError):
             dirs += [e.path for e in os.scandir(base) if e.is_dir()]
         return sum(read_keyed(os.path.join(d, "memory.oom_control")).get("oom_kill", 0) for d in dirs)
+
+
+def _quota(quota_us: int) -> str:
+    return str(max(quota_us, CPU_QUOTA_MIN_US)) if quota_us >= 0 else "-1"
+
+
+def _subdirs(base: str) -> list[str]:
+    try:
+        return [e.path for e in os.scandir(base) if e.is_dir()]
+    except FileNotFoundError:
+        return []

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Callable, Sequence
 
 from arl_tangram.managers.cpu.cgroup_driver import (
@@ -28,6 +27,7 @@ from arl_tangram.managers.cpu.cgroup_fs import (
     rmdir_retry,
     write_text,
 )
+from arl_tangram.managers.cpu.cgroup_kill import kill_frozen
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
 
 V2_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
@@ -107,14 +107,38 @@ class CgroupV2Driver:
     def join_files(self, sandbox: str, slot: str) -> tuple[str, ...]:
         return (self._path(sandbox, slot, "cgroup.procs"),)
 
+    def sibling_roots(self) -> list[str]:
+        """Names of every manager root group (``arl-tangram-*``) beside ours."""
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(e.name for e in os.scandir(self._parent) if e.is_dir() and e.name.startswith("arl-tangram-"))
+        return []
+
+    def list_sandboxes(self) -> list[str]:
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(e.name for e in os.scandir(self._root) if e.is_dir() and e.name.startswith("sb-"))
+        return []
+
+    def root_exists(self) -> bool:
+        return os.path.isdir(self._root)
+
     # -- limits and grants --------------------------------------------------------------
     def set_grant(self, sandbox: str, cpus: Sequence[int] | None, quota_us: int | None) -> None:
         """As in v1: ``None`` leaves that setting alone."""
         if cpus is not None:
             write_text(self._path(sandbox, "cpuset.cpus"), format_cpus(cpus))
         if quota_us is not None:
-            quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
-            write_text(self._path(sandbox, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+            write_text(self._path(sandbox, "cpu.max"), _cpu_max(quota_us))
+
+    def set_slot_grant(self, sandbox: str, slot: str, cpus: Sequence[int] | None, quota_us: int | None) -> None:
+        """One action's own cpuset and quota (-1: unlimited below the sandbox's quota)."""
+        if cpus is not None:
+            write_text(self._path(sandbox, slot, "cpuset.cpus"), format_cpus(cpus))
+        if quota_us is not None:
+            write_text(self._path(sandbox, slot, "cpu.max"), _cpu_max(quota_us))
+
+    def set_shares(self, sandbox: str, shares: int) -> None:
+        """``cpu.weight`` from v1-style shares (1024 = weight 100)."""
+        write_text(self._path(sandbox, "cpu.weight"), str(min(10_000, max(1, shares * 100 // 1024))))
 
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path(sandbox, "memory.max"), str(mem_bytes))
@@ -141,22 +165,27 @@ class CgroupV2Driver:
                     pids.extend(read_pids(os.path.join(entry.path, "cgroup.procs")))
         return sorted(set(pids))
 
-    def kill_slot(self, sandbox: str, slot: str) -> None:
-        self._kill(self._path(sandbox, slot), lambda: self.slot_pids(sandbox, slot))
+    def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
+        """As in v1 (freeze, signal, thaw unlimited; launchers spared); returns what is left.
+        ``cgroup.kill`` is not used: it cannot spare the launchers."""
+        return self._kill((sandbox, slot), lambda: self.slot_pids(sandbox, slot), spare_host)
 
-    def kill_sandbox(self, sandbox: str) -> None:
-        self._kill(self._path(sandbox), lambda: self.sandbox_pids(sandbox))
+    def kill_sandbox(self, sandbox: str, *, spare_host: bool = True) -> int:
+        return self._kill((sandbox,), lambda: self.sandbox_pids(sandbox), spare_host)
 
-    @staticmethod
-    def _kill(group_dir: str, pids: Callable[[], list[int]], timeout_s: float = 5.0) -> None:
-        """``cgroup.kill`` SIGKILLs the whole subtree atomically (kernel >= 5.14); then wait."""
-        try:
-            write_text(os.path.join(group_dir, "cgroup.kill"), "1")
-        except FileNotFoundError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while pids() and time.monotonic() < deadline:
-            time.sleep(0.002)
+    def _kill(self, parts: tuple[str, ...], pids: Callable[[], list[int]], spare_host: bool) -> int:
+        def unlimit() -> None:
+            write_text(self._path(*parts, "cpu.max"), f"max {CPU_PERIOD_US}")
+            if len(parts) == 1:
+                for entry in list(os.scandir(self._path(*parts))):
+                    if entry.is_dir():
+                        with contextlib.suppress(FileNotFoundError):
+                            write_text(os.path.join(entry.path, "cpu.max"), f"max {CPU_PERIOD_US}")
+
+        def freeze(on: bool) -> None:
+            write_text(self._path(*parts, "cgroup.freeze"), "1" if on else "0")
+
+        return kill_frozen(pids, freeze, unlimit, spare_host=spare_host)
 
     # -- accounting ---------------------------------------------------------------------
     def reset_slot_counters(self, sandbox: str, slot: str) -> None:
@@ -193,3 +222,8 @@ class CgroupV2Driver:
     def oom_kills(self, sandbox: str) -> int:
         """Hierarchical ``oom_kill`` count of the sandbox (``memory.events``)."""
         return read_keyed(self._path(sandbox, "memory.events")).get("oom_kill", 0)
+
+
+def _cpu_max(quota_us: int) -> str:
+    quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
+    return f"{quota} {CPU_PERIOD_US}"

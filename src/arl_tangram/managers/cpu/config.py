@@ -42,6 +42,9 @@ class CpuManagerConfig:
     default_spec: SandboxSpec = field(default_factory=SandboxSpec)
     ro_binds: tuple[str, ...] = DEFAULT_RO_BINDS
     max_output_bytes: int = 1 << 20
+    max_file_bytes: int = 64 << 20  # one file read, written, uploaded or downloaded
+    max_transfer_bytes: int = 1 << 30  # all files of one upload or download together
+    dev_bytes: int = 16 << 20  # the sandbox's /dev/shm (the rest of /dev is read-only)
     unisolated: bool = False
     cgroup_parent: str | None = None  # a delegated cgroup v2 directory; None: detect
     sandbox_uid: int = 1000
@@ -51,6 +54,8 @@ class CpuManagerConfig:
     def __post_init__(self) -> None:
         _positive_int("config.pool_size", self.pool_size, minimum=0)
         _positive_int("config.max_output_bytes", self.max_output_bytes, minimum=1)
+        for name in ("max_file_bytes", "max_transfer_bytes", "dev_bytes"):
+            _positive_int(f"config.{name}", getattr(self, name), minimum=1 << 10)
         for name in ("sandbox_uid", "host_uid", "host_gid"):
             _positive_int(f"config.{name}", getattr(self, name), minimum=1)
 

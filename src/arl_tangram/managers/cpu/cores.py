@@ -43,6 +43,19 @@ class CoreAllocationModel:
             self._load[c] += 1
         return tuple(sorted(picked))
 
+    def acquire_split(self, per_domain: tuple[int, ...]) -> tuple[int, ...]:
+        """Pick ``per_domain[d]`` distinct least-loaded cpus of NUMA domain ``d`` (the caller
+        chose how many and where; this picks only which) and count them used."""
+        domains = self._topology.domains
+        if len(per_domain) > len(domains) or any(n > len(domains[d]) for d, n in enumerate(per_domain)):
+            raise InvalidRequestError("numa_millicores", f"must fit the usable cores per domain {tuple(map(len, domains))}", per_domain)
+        picked: list[int] = []
+        for d, n in enumerate(per_domain):
+            picked.extend(sorted(domains[d], key=lambda c: (self._load[c], c))[:n])
+        for c in picked:
+            self._load[c] += 1
+        return tuple(sorted(picked))
+
     def release(self, cpus: tuple[int, ...]) -> None:
         """Return a grant from ``acquire``; releasing cpus that are not held raises."""
         for c in cpus:

@@ -7,7 +7,13 @@ sandbox is frozen, costs no grant). Two rules keep this safe against a hostile s
   * the calling thread's fsuid/fsgid are switched to the sandbox user's host ids, so files
     get the right owner (a tmpfs mounted in a user namespace refuses unmapped owners) and the
     host process has no more file rights than the sandbox user.
-Only paths under the sandbox's workspace or ``/tmp`` are accepted.
+Only paths under the sandbox's workspace or ``/tmp`` are accepted. And a hostile sandbox
+cannot turn a file call against the host: only regular files are opened, never blocking
+(a planted FIFO is refused, not waited on), reads are capped by the file's size *before*
+reading (a sparse 200 GiB file is refused, not loaded), writes go to a temporary file that
+is renamed over the target (readers never see torn contents; a FIFO or symlink at the
+target is replaced, never opened), and the root fd comes from ``Sandbox.open_root`` (pidfd
+checked, so a recycled pid cannot redirect the call into another process's root).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import posixpath
+import secrets
 import stat
 from collections.abc import Iterator
 
@@ -53,7 +60,7 @@ def _as_sandbox_user(layout: SandboxLayout) -> Iterator[None]:
 @contextlib.contextmanager
 def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     """fd of the directory ``parts`` (relative to the sandbox root), never following links."""
-    fds = [os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    fds = [os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]  # a /proc/self/fd path
     try:
         for name in parts:
             try:
@@ -81,50 +88,67 @@ def _mapped(exc: OSError, path: str) -> Exception:
     return exc
 
 
-def write_file(root_dir: str, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
-    """Create or replace the file at ``path`` (parents created); O(len(data))."""
+def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
+    """Create or atomically replace the file at ``path`` (parents created); O(len(data))."""
     parts = sandbox_path(path, layout)
-    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=True) as dfd:
-            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            tmp = f".tangram-tmp-{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
     except OSError as exc:
         raise _mapped(exc, path) from exc
-    finally:
-        os.close(root_fd)
 
 
-def read_file(root_dir: str, layout: SandboxLayout, path: str, max_bytes: int | None = None) -> bytes:
+def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, max_bytes: int | None = None) -> bytes:
+    """The contents of the regular file at ``path``: at most ``max_bytes`` when given (a
+    prefix), else the whole file, refused when it is larger than ``cap_bytes``."""
     parts = sandbox_path(path, layout)
-    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise InvalidRequestError("path", "must name a regular file", path)
             with os.fdopen(fd, "rb") as f:
-                return f.read() if max_bytes is None else f.read(max_bytes)
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise InvalidRequestError("path", "must name a regular file", path)
+                want = cap_bytes if max_bytes is None else min(max_bytes, cap_bytes)
+                if max_bytes is None and st.st_size > cap_bytes:
+                    raise InvalidRequestError("path", f"file is {st.st_size} bytes, over the cap of {cap_bytes} (config.max_file_bytes)", path)
+                data = f.read(want + 1)
+                if len(data) > want and max_bytes is None:
+                    raise InvalidRequestError("path", f"file grew over the cap of {cap_bytes} bytes while read", path)
+                return data[:want]
     except OSError as exc:
         raise _mapped(exc, path) from exc
-    finally:
-        os.close(root_fd)
 
 
-def list_tree(root_dir: str, layout: SandboxLayout, path: str) -> list[tuple[str, bool]]:
-    """(relative path, is_dir) of everything below directory ``path``, parents first."""
+def is_regular(root_fd: int, layout: SandboxLayout, path: str) -> bool:
+    """Whether ``path`` names a regular file (no link followed, nothing opened)."""
     parts = sandbox_path(path, layout)
-    root_fd = os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
+            return stat.S_ISREG(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError as exc:
+        raise _mapped(exc, path) from exc
+
+
+def list_tree(root_fd: int, layout: SandboxLayout, path: str) -> list[tuple[str, bool]]:
+    """(relative path, is_dir) of everything below directory ``path``, parents first
+    (regular files and directories only)."""
+    parts = sandbox_path(path, layout)
     out: list[tuple[str, bool]] = []
     try:
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts, create=False) as dfd:
             _scan(dfd, "", out)
     except OSError as exc:
         raise _mapped(exc, path) from exc
-    finally:
-        os.close(root_fd)
     return out
 
 

@@ -48,6 +48,7 @@ class SandboxLayout:
     host_uid: int = 65534  # the unprivileged host uid the sandbox's user maps to
     host_gid: int = 65534
     hostname: str = "sandbox"
+    dev_bytes: int = 16 << 20
 
 
 def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str]) -> list[str]:
@@ -64,10 +65,11 @@ def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str]) ->
         elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
     argv += [
-        "--proc", "/proc", "--dev", "/dev",
+        # /dev is read-only but for a bounded /dev/shm: a tmpfs /dev was an unbounded sink
+        "--proc", "/proc", "--dev", "/dev", "--size", str(layout.dev_bytes), "--tmpfs", "/dev/shm",
         "--size", str(layout.workspace_bytes), "--tmpfs", layout.workspace,
         "--perms", "1777", "--size", str(layout.tmp_bytes), "--tmpfs", "/tmp",
-        "--chdir", layout.workspace, "--remount-ro", "/", "--new-session",
+        "--chdir", layout.workspace, "--remount-ro", "/", "--remount-ro", "/dev", "--new-session",
         "--info-fd", str(info_fd), "--", *init_argv,
     ]  # fmt: skip
     return argv

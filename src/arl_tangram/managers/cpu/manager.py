@@ -1,29 +1,31 @@
 """Shell: ``CpuManager``, the CPU mechanism of one node: stateful sandboxes with
-Allocate-on-Execution.
+Allocate-on-Execution, addressed by the controller's ids.
 
 Contract for callers (the node agent, benches, tests):
-  * Every public method is blocking and thread-safe. The live runtime calls them from
-    asyncio through ``asyncio.to_thread``; to cancel a running ``exec``/``run_in_session``
-    it sets the ``cancel`` event it passed, and the call then returns ``cancelled``.
-  * The caller decides how many cores an action gets (``cores=N``); the manager only picks
-    which cpus (NUMA-aware, least loaded) and applies the grant for exactly the action's
-    duration. No queueing or admission policy lives here.
-  * Sandboxes sit frozen at the minimum quota between actions: zero CPU, state kept.
-  * Bad input raises ``InvalidRequestError`` naming the field; an unknown id raises
-    ``SandboxNotFoundError``; a dead sandbox raises ``SandboxDeadError``. Failures of the
-    program itself are never raised: they are outcomes of the returned ``ExecResult``.
+  * Every public method is blocking and thread-safe; the controller calls them from a
+    bounded thread pool. No I/O, fork or sleep happens under the manager-wide lock (reserve
+    under it, work outside, publish under it); per-sandbox work takes ``Sandbox.lock``.
+  * The caller names every grant (``millicores``, ``numa_millicores``, ``dop``; see
+    ``grants``); the manager only picks which cpus inside a domain. No queueing or admission
+    policy lives here. ``hold`` gives a sandbox a standing holding (Kubernetes requests).
+  * Sandboxes without a holding sit frozen at the minimum quota between actions.
+  * Bad input raises ``InvalidRequestError`` naming the field and the rule; an unknown id
+    raises ``SandboxNotFoundError``; a dead sandbox raises ``SandboxDeadError``. Failures of
+    the program, and destroy/close racing a call, are never raised: they are outcomes of the
+    returned ``ExecResult`` (``cancelled``, or ``error`` naming the cause).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shutil
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from arl_tangram.managers.cpu import files
 from arl_tangram.managers.cpu.actions import ActionRequest, run_action
@@ -38,31 +40,40 @@ from arl_tangram.managers.cpu.config import (
     validate_env,
     validate_stdin,
     validate_timeout,
-)
+)  # fmt: skip
 from arl_tangram.managers.cpu.cores import CoreAllocationModel
 from arl_tangram.managers.cpu.errors import (
     CgroupUnavailableError,
+    CpuManagerError,
     InvalidRequestError,
     SandboxNotFoundError,
 )
+from arl_tangram.managers.cpu.grants import MILLICORES_PER_CORE, GrantRequest, grant_request
+from arl_tangram.managers.cpu.keeper import Keeper, sweep_dead
 from arl_tangram.managers.cpu.launch import SANDBOX_PATH, SandboxLayout
 from arl_tangram.managers.cpu.native_launcher import launcher_path
-from arl_tangram.managers.cpu.reaper import Reaper, become_subreaper
-from arl_tangram.managers.cpu.results import ExecResult
-from arl_tangram.managers.cpu.sandbox import Sandbox, SandboxState
+from arl_tangram.managers.cpu.results import ExecResult, Outcome
+from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
 from arl_tangram.managers.cpu.topology import CpuTopology, read_topology
+from arl_tangram.managers.cpu.transfer import Transfers
 
 log = logging.getLogger(__name__)
+_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class ManagerClosedError(SandboxNotFoundError):
+    """The manager is closed (or closed while the call ran): nothing was created."""
 
 
 @dataclass(frozen=True)
 class Grant:
-    """Cores applied to a sandbox by ``CpuManager.grant`` until ``CpuManager.reclaim``."""
+    """A sandbox-wide grant from ``CpuManager.grant`` (thawed, quota raised) until ``reclaim``."""
 
     sandbox_id: str
     cpus: tuple[int, ...]
     cores: int
+    token: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,8 @@ class SandboxInfo:
     granted_cores: int
     mem_bytes: int
     spec: SandboxSpec
+    granted_millicores: int = 0
+    holding: Holding | None = None
 
 
 class CpuManager:
@@ -82,20 +95,25 @@ class CpuManager:
         self.config = config or CpuManagerConfig()
         _check_host(self.config)
         self.root_name = f"arl-tangram-{os.getpid()}-{secrets.token_hex(3)}"
-        self.driver: CgroupDriver = self._make_driver()
+        self.driver: CgroupDriver = self._make_driver(self.root_name)
         self.topology = topology or read_topology()
         self._cores = CoreAllocationModel(self.topology)
         self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # pool changes and creates finishing
         self._sandboxes: dict[str, Sandbox] = {}
         self._specs: dict[str, SandboxSpec] = {}
+        self._pending: set[str] = set()  # ids being created (reserved, not yet published)
         self._pool: deque[Sandbox] = deque()
-        self._pool_cv = threading.Condition(self._lock)
+        self._broken: list[Sandbox] = []  # destroys that left something; close retries them
         self._closed = False
-        become_subreaper()
+        self.transfers = Transfers(self.config)
         launcher_path()  # build the native launcher now, not inside the first action
+        self._keeper: Keeper | None = None
+        if self.driver.version:
+            self._keeper = Keeper(self.root_name, self.config.cgroup_parent)
+            self._keeper.start()
+            self.swept_roots = sweep_dead(self.driver, self._make_driver)
         self.driver.create_root()
-        self._reaper = Reaper()
-        self._reaper.start()
         self.sessions = SessionRegistry(self)
         self._filler: threading.Thread | None = None
         if self.config.pool_size:
@@ -104,14 +122,18 @@ class CpuManager:
             self._filler = threading.Thread(target=self._fill_pool, name="arl-tangram-cpu-pool", daemon=True)
             self._filler.start()
 
-    def _make_driver(self) -> CgroupDriver:
+    def _make_driver(self, root_name: str) -> CgroupDriver:
         if self.config.unisolated:
             log.warning(
                 "!!! arl-tangram CPU manager in UNISOLATED development mode: sandboxes have NO cpu, "
                 "memory or pids limits, NO accounting and NO freezing. Never use this for training. !!!"
             )
-            return NullCgroupDriver(self.root_name)
-        return detect_driver(self.root_name, cgroup_parent=self.config.cgroup_parent)
+            return NullCgroupDriver(root_name)
+        return detect_driver(root_name, cgroup_parent=self.config.cgroup_parent)
+
+    def numa_cores(self) -> tuple[int, ...]:
+        """Usable cores per NUMA domain ``d`` (``topology.domains[d]`` lists their cpus)."""
+        return self.topology.numa_cores()
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> CpuManager:
@@ -121,34 +143,48 @@ class CpuManager:
         self.close()
 
     def close(self) -> None:
-        """Destroy every sandbox (pool included), remove the cgroups, stop the reaper.
-        Idempotent; concurrent calls on a closed manager raise ``SandboxNotFoundError``."""
+        """Destroy every sandbox (pool and failed destroys included), remove the cgroups, stop
+        the keeper. Idempotent. Waits for creates in flight (they see the close and undo
+        themselves); goes on past individual failures and raises ``CpuManagerError`` listing
+        them at the end."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._pool_cv.notify_all()
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: not self._pending, timeout=60.0)
         if self._filler is not None:
             self._filler.join()
         with self._lock:
             doomed = list(self._sandboxes.values()) + list(self._pool)
+            broken, self._broken = self._broken, []
             self._sandboxes.clear()
             self._pool.clear()
+        problems: list[str] = []
         for sb in doomed:
-            with sb.lock:
-                sb.destroy()
+            self.sessions.forget_sandbox(sb.sandbox_id)
+            problems += [f"{sb.sandbox_id}: {p}" for p in _safe(sb.destroy)]
+        problems += [f"{sb.sandbox_id}: {p}" for sb in broken for p in _safe(sb.retry_cleanup)]
+        problems += [f"root: {p}" for p in _safe(self._remove_root)]
+        if self._keeper is not None:
+            self._keeper.close()
+        if problems:
+            raise CpuManagerError("CPU manager closed with leftovers: " + "; ".join(problems))
+
+    def _remove_root(self) -> list[str]:
         self.driver.remove_root()
-        self._reaper.close()
+        return []
 
     def _layout(self, spec: SandboxSpec) -> SandboxLayout:
         c = self.config
         return SandboxLayout(
             ro_binds=c.ro_binds, workspace_bytes=spec.workspace_bytes, tmp_bytes=spec.tmp_bytes,
             sandbox_uid=c.sandbox_uid, sandbox_gid=c.sandbox_uid, host_uid=c.host_uid, host_gid=c.host_gid,
+            dev_bytes=c.dev_bytes,
         )  # fmt: skip
 
-    def _start_sandbox(self, spec: SandboxSpec) -> Sandbox:
-        sb = Sandbox(secrets.token_hex(6), self.driver, self._layout(spec), self.topology.cpus)
+    def _start_sandbox(self, spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
+        sb = Sandbox(sandbox_id or secrets.token_hex(6), self.driver, self._layout(spec), self.topology.cpus)
         try:
             sb.start(spec.mem_bytes, spec.pids_max)
         except BaseException:
@@ -160,8 +196,7 @@ class CpuManager:
         """Keep ``pool_size`` warm sandboxes; wakes when one is taken. Stops at ``close``."""
         while True:
             with self._lock:
-                while not self._closed and len(self._pool) >= self.config.pool_size:
-                    self._pool_cv.wait()
+                self._cv.wait_for(lambda: self._closed or len(self._pool) < self.config.pool_size)
                 if self._closed:
                     return
             try:
@@ -170,45 +205,78 @@ class CpuManager:
                 log.exception("warm pool: sandbox start failed")
                 continue
             with self._lock:
-                if self._closed:
-                    doomed: Sandbox | None = sb
-                else:
+                doomed = sb if self._closed else None
+                if doomed is None:
                     self._pool.append(sb)
-                    doomed = None
             if doomed is not None:
                 doomed.destroy()
 
-    def create_sandbox(self, spec: SandboxSpec | None = None) -> str:
-        """A new frozen sandbox; taken from the warm pool when its filesystem sizes match."""
+    def create_sandbox(self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None) -> str:
+        """A new frozen sandbox under ``sandbox_id`` (the controller's env id: 1-64 chars of
+        [A-Za-z0-9._-], not live) or a generated id; taken from the warm pool when its
+        filesystem sizes match. A close racing the create undoes it and raises
+        ``ManagerClosedError``."""
         spec = spec or self.config.default_spec
         if not isinstance(spec, SandboxSpec):
             raise InvalidRequestError("spec", "must be a SandboxSpec", spec)
+        if sandbox_id is not None and (not isinstance(sandbox_id, str) or not _ID_RE.fullmatch(sandbox_id)):
+            raise InvalidRequestError("sandbox_id", "must be 1-64 characters of [A-Za-z0-9._-]", sandbox_id)
         d = self.config.default_spec
         sb: Sandbox | None = None
         with self._lock:
-            self._check_open()
+            if self._closed:
+                raise ManagerClosedError("the CPU manager is closed")
+            if sandbox_id is None:
+                sandbox_id = secrets.token_hex(6)
+            if sandbox_id in self._sandboxes or sandbox_id in self._pending:
+                raise InvalidRequestError("sandbox_id", "must not name a live sandbox", sandbox_id)
+            self._pending.add(sandbox_id)
             if self._pool and (spec.workspace_bytes, spec.tmp_bytes) == (d.workspace_bytes, d.tmp_bytes):
                 sb = self._pool.popleft()
-                self._pool_cv.notify_all()
-        if sb is not None:
-            self.driver.set_limits(sb.group, spec.mem_bytes, spec.pids_max)
-        else:
-            sb = self._start_sandbox(spec)
+                self._cv.notify_all()
+        try:
+            if sb is not None:
+                sb.sandbox_id = sandbox_id
+                self.driver.set_limits(sb.group, spec.mem_bytes, spec.pids_max)
+            else:
+                sb = self._start_sandbox(spec, sandbox_id)
+        except BaseException:
+            if sb is not None:
+                sb.destroy()
+            with self._lock:
+                self._pending.discard(sandbox_id)
+                self._cv.notify_all()
+            raise
         with self._lock:
-            self._sandboxes[sb.sandbox_id] = sb
-            self._specs[sb.sandbox_id] = spec
-        return sb.sandbox_id
+            self._pending.discard(sandbox_id)
+            self._cv.notify_all()
+            closed = self._closed
+            if not closed:
+                self._sandboxes[sandbox_id] = sb
+                self._specs[sandbox_id] = spec
+        if closed:
+            sb.destroy()
+            raise ManagerClosedError(f"sandbox_id: the CPU manager closed while {sandbox_id!r} was created")
+        return sandbox_id
 
     def destroy_sandbox(self, sandbox_id: str) -> None:
-        """Kill everything in the sandbox and remove it; its sessions end too."""
-        with self._lock:
-            sb = self._sandboxes.pop(sandbox_id, None)
-            self._specs.pop(sandbox_id, None)
-        if sb is None:
-            raise SandboxNotFoundError(f"sandbox_id: no live sandbox {sandbox_id!r}")
+        """Kill everything in the sandbox and remove it; its sessions and running actions end
+        ``cancelled``. The id stays taken until the cgroups are gone; a cleanup that leaves
+        something raises ``CpuManagerError`` naming it (``close`` retries it)."""
+        sb = self.get_sandbox(sandbox_id)
         self.sessions.forget_sandbox(sandbox_id)
-        with sb.lock:
-            sb.destroy()
+        problems = sb.destroy()
+        holding = sb.holding
+        with self._lock:
+            if self._sandboxes.get(sandbox_id) is sb:
+                del self._sandboxes[sandbox_id]
+                self._specs.pop(sandbox_id, None)
+                if holding is not None and holding.limit:
+                    self._cores.release(holding.cpus)
+                if problems:
+                    self._broken.append(sb)
+        if problems:
+            raise CpuManagerError(f"sandbox {sandbox_id}: destroy left " + "; ".join(problems))
 
     def list_sandboxes(self) -> list[str]:
         with self._lock:
@@ -216,10 +284,11 @@ class CpuManager:
 
     def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
         sb = self.get_sandbox(sandbox_id)
-        with sb.lock:
-            sb.alive()
-            return SandboxInfo(sb.sandbox_id, str(sb.state), sb.init_pid, sb.granted_cores,
-                               self.driver.sandbox_memory_bytes(sb.group), self._specs[sandbox_id])  # fmt: skip
+        sb.alive()
+        mc = sb.granted_millicores
+        return SandboxInfo(sb.sandbox_id, str(sb.state), sb.init_pid, -(-mc // MILLICORES_PER_CORE),
+                           self.driver.sandbox_memory_bytes(sb.group), self._specs.get(sandbox_id, self.config.default_spec),
+                           mc, sb.holding)  # fmt: skip
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
         with self._lock:
@@ -228,85 +297,119 @@ class CpuManager:
             raise SandboxNotFoundError(f"sandbox_id: no live sandbox {sandbox_id!r}")
         return sb
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxNotFoundError("the CPU manager is closed")
-
-    # -- Allocate-on-Execution ----------------------------------------------------------
-    def grant(self, sandbox_id: str, cores: int) -> Grant:
-        """Give the sandbox ``cores`` cores now (thaw, quota, cpuset). Pair with ``reclaim``."""
-        cores = validate_cores(cores, len(self.topology.cpus))
-        sb = self.get_sandbox(sandbox_id)
+    # -- grants and holdings ------------------------------------------------------------------
+    def reserve(self, g: GrantRequest) -> tuple[int, ...]:
+        """Count the cpus backing ``g`` used (picked here; the caller releases them)."""
         with self._lock:
-            cpus = self._cores.acquire(cores)
-        try:
-            with sb.lock:
-                sb.grant(cpus, cores)
-        except BaseException:
+            if g.num_cpus == 0:
+                return ()
+            if g.per_domain_cpus is not None:
+                return self._cores.acquire_split(g.per_domain_cpus)
+            return self._cores.acquire(g.num_cpus)
+
+    def release(self, cpus: tuple[int, ...]) -> None:
+        if cpus:
             with self._lock:
                 self._cores.release(cpus)
+
+    def hold(self, sandbox_id: str, millicores: int, numa_millicores: Sequence[int] | None = None, *, limit: bool = True) -> None:
+        """Give the sandbox a standing holding for its life (replacing any previous one).
+        ``limit=True`` (Guaranteed): quota = ``millicores`` on cpus reserved per domain as
+        named, never frozen while idle. ``limit=False`` (Burstable): cpu shares weighted by
+        ``millicores``, no quota, all cpus. Actions may then be granted 0 (run within the
+        holding) or extra millicores on top."""
+        g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores)
+        if g.millicores < 1:
+            raise InvalidRequestError("millicores", "a holding must be >= 1 millicore", millicores)
+        sb = self.get_sandbox(sandbox_id)
+        cpus = self.reserve(g) if limit else self.topology.cpus
+        try:
+            if not limit:
+                self.driver.set_shares(sb.group, g.millicores * 1024 // MILLICORES_PER_CORE)
+            old = sb.set_holding(Holding(g.millicores, cpus, bool(limit)))
+        except BaseException:
+            if limit:
+                self.release(cpus)
             raise
-        return Grant(sandbox_id, cpus, cores)
+        if old is not None and old.limit:
+            self.release(old.cpus)
+
+    def release_hold(self, sandbox_id: str) -> None:
+        """End the sandbox's holding (it freezes again when nothing runs); idempotent."""
+        sb = self.get_sandbox(sandbox_id)
+        old = sb.set_holding(None)
+        if old is not None:
+            if old.limit:
+                self.release(old.cpus)
+            else:
+                self.driver.set_shares(sb.group, 1024)
+
+    def grant(self, sandbox_id: str, cores: int) -> Grant:
+        """Give the whole sandbox ``cores`` more cores now (thaw, quota). Pair with ``reclaim``."""
+        cores = validate_cores(cores, len(self.topology.cpus))
+        sb = self.get_sandbox(sandbox_id)
+        cpus = self.reserve(grant_request(self.topology, cores=cores))
+        try:
+            token = sb.add_grant(cores * MILLICORES_PER_CORE)
+        except BaseException:
+            self.release(cpus)
+            raise
+        return Grant(sandbox_id, cpus, cores, token)
 
     def reclaim(self, grant: Grant) -> None:
-        """Take a grant back; the last one refreezes the sandbox at zero CPU. Idempotent for
-        a destroyed sandbox."""
+        """Take a grant back; the last one refreezes the sandbox. Idempotent once destroyed."""
         with self._lock:
             sb = self._sandboxes.get(grant.sandbox_id)
-            self._cores.release(grant.cpus)
+        self.release(grant.cpus)
         if sb is not None:
-            with sb.lock:
-                if sb.alive():
-                    sb.reclaim(grant.cpus, grant.cores)
+            sb.remove_grant(grant.token)
 
     def core_load(self) -> dict[int, int]:
-        """cpu -> number of live grants on it."""
+        """cpu -> number of live grants and holdings on it."""
         with self._lock:
             return self._cores.load()
 
-    def base_env(self, sandbox_id: str, cores: int) -> dict[str, str]:
+    def base_env(self, sandbox_id: str, dop: int) -> dict[str, str]:
         return {
             "PATH": SANDBOX_PATH, "HOME": "/workspace", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-            "USER": "sandbox", "TANGRAM_SANDBOX_ID": sandbox_id, "TANGRAM_DOP": str(cores),
+            "USER": "sandbox", "TANGRAM_SANDBOX_ID": sandbox_id, "TANGRAM_DOP": str(dop),
         }  # fmt: skip
 
     # -- actions --------------------------------------------------------------------------
     def exec(
-        self,
-        sandbox_id: str,
-        command: str | Sequence[str],
-        *,
-        cores: int = 1,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout_s: float = 60.0,
-        max_output_bytes: int | None = None,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run a program (argv) or a ``bash -c`` string in the sandbox with ``cores`` cores
-        granted for its duration. ``TANGRAM_DOP`` is set to ``cores`` and the cpuset makes
-        ``nproc`` report it. ``env`` extends the sandbox's base environment."""
+        self, sandbox_id: str, command: str | Sequence[str], *, millicores: int | None = None,
+        numa_millicores: Sequence[int] | None = None, dop: int | None = None, cores: int | None = None,
+        stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
+        background: bool = False,
+    ) -> ExecResult:  # fmt: skip
+        """Run a program (argv) or a ``bash -c`` string confined to exactly the named grant
+        (see ``grants``; nothing named = 1 core). ``TANGRAM_DOP`` = ``dop``, default the
+        action's cpus, which ``nproc`` reports. When the program exits, whatever it left
+        running is killed unless ``background=True`` (kept, within the holding or at the
+        minimum quota, until it exits or the sandbox is destroyed)."""
         argv = validate_command(command)
-        cores = validate_cores(cores, len(self.topology.cpus))
+        g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
         req = ActionRequest(
-            argv=argv, env={**validate_env(env), "TANGRAM_DOP": str(cores)}, cwd=self._cwd(cwd),
-            stdin=validate_stdin(stdin), timeout_s=validate_timeout(timeout_s),
-            max_output_bytes=self._cap(max_output_bytes),
+            argv=argv, env=validate_env(env), cwd=self._cwd(cwd), stdin=validate_stdin(stdin),
+            timeout_s=validate_timeout(timeout_s), max_output_bytes=self._cap(max_output_bytes), background=bool(background),
         )  # fmt: skip
         sb = self.get_sandbox(sandbox_id)
-        req = replace(req, env={**self.base_env(sandbox_id, cores), **req.env})
-        grant = self.grant(sandbox_id, cores)
+        cpus = self.reserve(g)
         try:
-            with sb.lock:
-                slot = sb.acquire_slot()
             try:
-                return run_action(sb, self.driver, slot, req, (grant.cpus, grant.cores), cancel)
+                slot = sb.begin(cpus, g.millicores)
+            except SandboxGoneError:
+                return ExecResult(outcome=Outcome.CANCELLED, exit_code=None, millicores=g.millicores)
+            try:
+                seen = sb.slot_cpus(slot)
+                dop_now = g.dop or max(1, len(seen))
+                env_all = {**self.base_env(sandbox_id, dop_now), **req.env, "TANGRAM_DOP": str(dop_now)}
+                return run_action(sb, self.driver, slot, ActionRequest(**{**req.__dict__, "env": env_all}), (seen, g.millicores), cancel)
             finally:
-                with sb.lock:
-                    sb.release_slot(slot)
+                sb.end(slot, keep="kept" if req.background else "free")
         finally:
-            self.reclaim(grant)
+            self.release(cpus)
 
     def _cwd(self, cwd: str | None) -> str:
         if cwd is None:
@@ -321,62 +424,26 @@ class CpuManager:
             raise InvalidRequestError("max_output_bytes", "must be an integer >= 0", max_output_bytes)
         return max_output_bytes
 
-    # -- files ----------------------------------------------------------------------------
+    # -- files (see transfer: bounded, regular files only, atomic, pidfd-checked) -----------
     def write_file(self, sandbox_id: str, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Create or replace a file (parents created) in the workspace or /tmp. No grant
-        needed: works while the sandbox is frozen."""
-        sb = self.get_sandbox(sandbox_id)
-        sb.ensure_alive()
+        """Create or atomically replace a file (parents created) in the workspace or /tmp.
+        No grant needed: works while the sandbox is frozen."""
         blob = data.encode() if isinstance(data, str) else bytes(data)
-        files.write_file(sb.root_dir, sb.layout, path, blob, mode)
+        self.transfers.write(self.get_sandbox(sandbox_id), path, blob, mode)
 
     def read_file(self, sandbox_id: str, path: str, max_bytes: int | None = None) -> bytes:
-        sb = self.get_sandbox(sandbox_id)
-        sb.ensure_alive()
-        return files.read_file(sb.root_dir, sb.layout, path, max_bytes)
+        """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
+        return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
 
     def upload(self, sandbox_id: str, host_path: str, path: str) -> int:
         """Copy a host file or directory tree into the sandbox; returns the files copied."""
-        if os.path.isdir(host_path):
-            count = 0
-            for dirpath, _, names in os.walk(host_path):
-                for name in sorted(names):
-                    src = os.path.join(dirpath, name)
-                    rel = os.path.relpath(src, host_path)
-                    if os.path.isfile(src) and not os.path.islink(src):
-                        with open(src, "rb") as f:
-                            self.write_file(sandbox_id, f"{path.rstrip('/')}/{rel}", f.read(), os.stat(src).st_mode & 0o777)
-                        count += 1
-            return count
-        if not os.path.isfile(host_path):
+        if not os.path.exists(host_path):
             raise InvalidRequestError("host_path", "must be an existing file or directory", host_path)
-        with open(host_path, "rb") as f:
-            self.write_file(sandbox_id, path, f.read(), os.stat(host_path).st_mode & 0o777)
-        return 1
+        return self.transfers.upload(self.get_sandbox(sandbox_id), host_path, path)
 
     def download(self, sandbox_id: str, path: str, host_path: str) -> int:
         """Copy a sandbox file or directory tree to ``host_path``; returns the files copied."""
-        sb = self.get_sandbox(sandbox_id)
-        sb.ensure_alive()
-        try:
-            data = files.read_file(sb.root_dir, sb.layout, path)
-        except InvalidRequestError:
-            data = None  # a directory
-        if data is not None:
-            with open(host_path, "wb") as f:
-                f.write(data)
-            return 1
-        count = 0
-        os.makedirs(host_path, exist_ok=True)
-        for rel, is_dir in files.list_tree(sb.root_dir, sb.layout, path):
-            target = os.path.join(host_path, rel)
-            if is_dir:
-                os.makedirs(target, exist_ok=True)
-                continue
-            with open(target, "wb") as f:
-                f.write(files.read_file(sb.root_dir, sb.layout, f"{path.rstrip('/')}/{rel}"))
-            count += 1
-        return count
+        return self.transfers.download(self.get_sandbox(sandbox_id), path, host_path)
 
     # -- sessions (see session_runner) ----------------------------------------------------
     def open_session(self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
@@ -384,17 +451,28 @@ class CpuManager:
         return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd))
 
     def run_in_session(
-        self, session_id: str, command: str, *, cores: int = 1, timeout_s: float = 60.0,
-        max_output_bytes: int | None = None, cancel: threading.Event | None = None,
+        self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,
+        dop: int | None = None, cores: int | None = None, timeout_s: float = 60.0, max_output_bytes: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> ExecResult:  # fmt: skip
-        """Run a command in the session's shell (state persists). A timeout kills the
-        command's processes (the session's background jobs too) and keeps the shell."""
+        """Run a command in the session's shell (state persists) under exactly the named
+        grant, as ``exec``. A timeout kills the command's processes (the session's background
+        jobs too) and keeps the shell; a close or destroy meanwhile ends it ``cancelled``."""
         if not isinstance(command, str) or "\0" in command:
             raise InvalidRequestError("command", "must be a string without NUL bytes", command)
-        return self.sessions.run(session_id, command, validate_cores(cores, len(self.topology.cpus)), validate_timeout(timeout_s), self._cap(max_output_bytes), cancel)
+        g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
+        return self.sessions.run(session_id, command, g, validate_timeout(timeout_s), self._cap(max_output_bytes), cancel)
 
     def close_session(self, session_id: str) -> None:
         self.sessions.close(session_id)
+
+
+def _safe(fn: object) -> list[str]:
+    """Run a cleanup step; an exception becomes a reported problem, never a stop."""
+    try:
+        return list(fn())  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - close goes on past any single failure
+        return [f"{type(exc).__name__}: {exc}"]
 
 
 def _check_host(config: CpuManagerConfig) -> None:
@@ -408,4 +486,4 @@ def _check_host(config: CpuManagerConfig) -> None:
         )
 
 
-__all__ = ["CpuManager", "Grant", "SandboxInfo", "SandboxState"]
+__all__ = ["CpuManager", "Grant", "ManagerClosedError", "SandboxInfo", "SandboxState"]

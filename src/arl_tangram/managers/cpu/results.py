@@ -21,7 +21,9 @@ class Outcome(enum.StrEnum):
 class ExecResult:
     """Result of one action. ``exit_code`` is the program's status, ``-N`` when signal N
     killed it, ``None`` when it never ran. Output streams are capped; ``*_truncated`` marks
-    a cut and ``*_bytes`` counts what the program really wrote."""
+    a cut and ``*_bytes`` counts what the program really wrote. ``cpus`` are the cpus the run
+was confined to (``cores`` of them), ``millicores`` its CFS quota; ``leftovers_killed``
+counts the processes it left running that were killed when it ended."""
 
     outcome: Outcome
     exit_code: int | None
@@ -36,7 +38,9 @@ class ExecResult:
     peak_mem_bytes: int = 0
     cores: int = 0
     cpus: tuple[int, ...] = ()
+    millicores: int = 0
     error: str | None = None
+    leftovers_killed: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -1,46 +1,43 @@
 """Shell: one sandbox: a long-lived bubblewrap init inside its own cgroups, its state
-machine, its grants (Allocate-on-Execution) and its accounting slots.
+machine, its holding, and its slots (one child cgroup per running action, session or kept
+background job, each with exactly its own cpuset and quota: Allocate-on-Execution).
 
-Who calls: only ``CpuManager``, holding ``Sandbox.lock`` around every method that changes
-state (``grant``/``reclaim``/slot bookkeeping); ``start`` and ``destroy`` run before the
-sandbox is published / after it is unpublished.
+Concurrency: every method takes ``Sandbox.lock`` (a per-entity lock, never the manager's)
+around state changes and the cgroup writes that go with them; ``destroy`` marks the sandbox
+DESTROYING under the lock and does the slow kill outside it, so calls racing a destroy see
+a defined state (``is_destroying``) instead of half-removed cgroups.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import os
-import select
+import secrets
+import signal
 import subprocess
 import threading
-import time
+from dataclasses import dataclass
 
-from arl_tangram.managers.cpu import reaper
-from arl_tangram.managers.cpu.cgroup_driver import (
-    CPU_PERIOD_US,
-    CPU_QUOTA_MIN_US,
-    INIT_SLOT,
-    CgroupDriver,
-)
+from arl_tangram.managers.cpu.cgroup_driver import CPU_QUOTA_MIN_US, INIT_SLOT, CgroupDriver
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
 from arl_tangram.managers.cpu.errors import (
-    CpuManagerError,
+    InvalidRequestError,
     InvalidTransitionError,
     SandboxDeadError,
 )
-from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
-
-INIT_ARGV = ("/usr/bin/sleep", "infinity")
-_START_TIMEOUT_S = 10.0
+from arl_tangram.managers.cpu.grants import quota_us
+from arl_tangram.managers.cpu.launch import SandboxLayout
+from arl_tangram.managers.cpu.sandbox_start import spawn_init
 
 
 class SandboxState(enum.StrEnum):
     STARTING = "starting"
     IDLE = "idle"
+    HELD = "held"
     ACTIVE = "active"
     DEAD = "dead"
+    DESTROYING = "destroying"
     DESTROYED = "destroyed"
 
 
@@ -48,16 +45,48 @@ S = SandboxState
 _TRANSITIONS: dict[tuple[SandboxState, SandboxState], str] = {
     (S.STARTING, S.IDLE): "init is up; frozen at zero CPU until the first grant",
     (S.STARTING, S.DEAD): "init failed to start",
-    (S.IDLE, S.ACTIVE): "first grant: quota and cpuset raised, thawed",
+    (S.STARTING, S.DESTROYING): "start aborted (failed, or the manager closed meanwhile)",
+    (S.IDLE, S.ACTIVE): "first grant: slot quota and cpuset set, sandbox thawed",
+    (S.IDLE, S.IDLE): "a parked slot changed (a session opened or closed); still frozen",
+    (S.IDLE, S.HELD): "a standing holding: thawed, limited to the holding",
+    (S.HELD, S.HELD): "the holding changed",
+    (S.HELD, S.IDLE): "holding released with nothing running: frozen at zero CPU",
+    (S.HELD, S.ACTIVE): "an action starts within (or on top of) the holding",
     (S.ACTIVE, S.ACTIVE): "a grant added or released while others still run",
-    (S.ACTIVE, S.IDLE): "last grant reclaimed: quota to the minimum, frozen",
-    (S.IDLE, S.DEAD): "init found gone (killed from outside)",
+    (S.ACTIVE, S.IDLE): "last grant released, no holding: frozen at zero CPU",
+    (S.ACTIVE, S.HELD): "last grant released; the holding stays",
+    (S.IDLE, S.DEAD): "init found gone, or an action's tasks could not be killed",
+    (S.HELD, S.DEAD): "init found gone while held",
     (S.ACTIVE, S.DEAD): "init found gone while actions ran",
-    (S.STARTING, S.DESTROYED): "start aborted",
-    (S.IDLE, S.DESTROYED): "destroyed by the caller",
-    (S.ACTIVE, S.DESTROYED): "destroyed by the caller; running actions are killed",
-    (S.DEAD, S.DESTROYED): "a dead sandbox's leftovers removed",
+    (S.IDLE, S.DESTROYING): "destroyed by the caller",
+    (S.HELD, S.DESTROYING): "destroyed by the caller",
+    (S.ACTIVE, S.DESTROYING): "destroyed by the caller; running actions end cancelled",
+    (S.DEAD, S.DESTROYING): "a dead sandbox's leftovers are removed",
+    (S.DESTROYING, S.DESTROYED): "every task killed and every cgroup removed (or reported)",
 }
+_LIVE = (S.IDLE, S.HELD, S.ACTIVE)
+
+
+class SandboxGoneError(SandboxDeadError):
+    """The sandbox is being destroyed (or was): a call racing the destroy ends cancelled."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A standing grant for the sandbox's life. ``limit``: Guaranteed (quota = request, on
+    ``cpus``); else Burstable (weight by request, no quota, on every cpu)."""
+
+    millicores: int
+    cpus: tuple[int, ...]
+    limit: bool
+
+
+@dataclass
+class _Slot:
+    kind: str = "free"  # free | action | session | kept (background jobs an action kept)
+    running: bool = False  # a grant is applied to it now
+    cpus: tuple[int, ...] = ()
+    millicores: int = 0
 
 
 class Sandbox:
@@ -65,20 +94,24 @@ class Sandbox:
     bubblewrap pid-1 whose namespaces every action enters."""
 
     def __init__(self, sandbox_id: str, driver: CgroupDriver, layout: SandboxLayout, all_cpus: tuple[int, ...]) -> None:
-        self.sandbox_id = sandbox_id
-        self.group = f"sb-{sandbox_id}"
+        self.sandbox_id = sandbox_id  # the public id; a pooled sandbox is renamed when handed out
+        self.group = f"sb-{secrets.token_hex(6)}"
         self.layout = layout
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.state = SandboxState.STARTING
         self.init_pid = -1
         self.dead_reason: str | None = None
+        self.holding: Holding | None = None
         self._driver = driver
         self._all_cpus = all_cpus
         self._proc: subprocess.Popen[bytes] | None = None
-        self._grants: list[tuple[tuple[int, ...], int]] = []
-        self._applied: tuple[tuple[int, ...], int] | None = None  # (cpuset, quota) in the cgroup
-        self._slots: dict[str, bool] = {}  # slot name -> in use by a running action
-        self._next_slot = 0
+        self._pidfd = -1
+        self._slots: dict[str, _Slot] = {INIT_SLOT: _Slot(kind="init")}
+        self._grants: dict[int, int] = {}  # manual grants (CpuManager.grant): token -> millicores
+        self._next = 0
+        self._applied_quota: int | None = None
+        self._applied_slots: dict[str, tuple[tuple[int, ...], int]] = {}
+        self._frozen = False
 
     # -- state machine --------------------------------------------------------------------
     def _move(self, to: SandboxState) -> None:
@@ -86,194 +119,267 @@ class Sandbox:
             raise InvalidTransitionError(f"sandbox {self.sandbox_id}: {self.state} -> {to} is not a valid transition")
         self.state = to
 
+    @property
+    def is_destroying(self) -> bool:
+        return self.state in (S.DESTROYING, S.DESTROYED)
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, mem_bytes: int, pids_max: int) -> None:
-        """Create the cgroups, start the init in them, wait until its mounts are ready, freeze."""
+        """Create the cgroups, start the init in them (unlimited meanwhile), then freeze."""
         self._driver.create_sandbox(self.group, mem_bytes, pids_max, self._all_cpus)
-        self._set(self._all_cpus, -1)
-        r, w = os.pipe2(os.O_CLOEXEC)
+        self._driver.set_grant(self.group, None, -1)
         try:
-            argv = join_then_exec(self._driver.join_files(self.group, INIT_SLOT), bwrap_argv(self.layout, w, INIT_ARGV))
-            self._proc = reaper.spawn(
-                argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env=HOST_ENV,
-            )  # fmt: skip
-            os.close(w)
-            w = -1
-            self.init_pid = self._read_child_pid(r)
-            self._wait_ready()
+            self._proc, self.init_pid = spawn_init(self.sandbox_id, self.layout, self._driver.join_files(self.group, INIT_SLOT))
+            self._pidfd = os.pidfd_open(self.init_pid)
         except BaseException:
-            self._move(SandboxState.DEAD)
+            with self.lock:
+                self._move(S.DEAD)
             raise
-        finally:
-            os.close(r)
-            if w >= 0:
-                os.close(w)
-            if self._proc is not None and self._proc.stderr is not None:
-                self._proc.stderr.close()  # only start errors matter; never block the init
-        self.reclaim_all()
-        self._move(SandboxState.IDLE)
-
-    def _read_child_pid(self, fd: int) -> int:
-        data = b""
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(fd, 4096) if ready else b""
-            if not chunk:
-                break
-            data += chunk
-            with contextlib.suppress(ValueError):
-                return int(json.loads(data)["child-pid"])
-        raise CpuManagerError(f"sandbox {self.sandbox_id}: bubblewrap did not start: {self._start_error()}")
-
-    def _wait_ready(self) -> None:
-        """bwrap reports the pid before the mounts are done; its pid 1 forks the init command
-        only after setup, so a child of pid 1 means the sandbox is ready to be entered."""
-        children = f"/proc/{self.init_pid}/task/{self.init_pid}/children"
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        delay = 0.0002
-        while time.monotonic() < deadline:
-            try:
-                with open(children, encoding="ascii") as f:
-                    if f.read().strip():
-                        return
-            except FileNotFoundError:
-                break
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
-        raise CpuManagerError(f"sandbox {self.sandbox_id}: init did not become ready: {self._start_error()}")
-
-    def _start_error(self) -> str:
-        proc = self._proc
-        if proc is None:
-            return "not spawned"
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.5)
-        text = b""
-        if proc.stderr is not None and proc.poll() is not None:
-            with contextlib.suppress(OSError):
-                text = proc.stderr.read() or b""
-        return f"exit status {proc.returncode}: {text.decode(errors='replace').strip() or 'no message'}"
+        with self.lock:
+            if self.state is S.STARTING:
+                self._apply()
+                self._move(S.IDLE)
 
     def alive(self) -> bool:
         """Whether the init still runs; marks the sandbox DEAD (once) when it does not."""
-        if self.state in (SandboxState.DEAD, SandboxState.DESTROYED):
+        with self.lock:
+            if self.state not in (*_LIVE, S.STARTING):
+                return False
+            proc = self._proc
+            gone = proc is None or proc.poll() is not None or not self._pidfd_alive()
+            if gone and self.state in _LIVE:
+                self._mark_dead(f"init (pid {self.init_pid}) exited with status {proc.returncode if proc else None}")
+            return not gone
+
+    def _pidfd_alive(self) -> bool:
+        try:
+            signal.pidfd_send_signal(self._pidfd, 0)
+        except (ProcessLookupError, OSError):
             return False
-        proc = self._proc
-        gone = proc is None or proc.poll() is not None or not os.path.exists(f"/proc/{self.init_pid}")
-        if gone and self.state in (SandboxState.IDLE, SandboxState.ACTIVE):
-            self.dead_reason = f"init (pid {self.init_pid}) exited with status {proc.returncode if proc else None}"
-            self._move(SandboxState.DEAD)
-        return not gone
+        return True
 
-    def ensure_alive(self) -> None:
-        if not self.alive():
-            raise SandboxDeadError(f"sandbox {self.sandbox_id} is {self.state}: {self.dead_reason or 'gone'}")
+    def _mark_dead(self, reason: str) -> None:
+        self.dead_reason = reason
+        self._move(S.DEAD)
 
-    def destroy(self) -> None:
-        """Kill every process of the sandbox, reap its init, remove its cgroups. Idempotent."""
-        if self.state is SandboxState.DESTROYED:
-            return
-        self._driver.kill_sandbox(self.group)
+    def mark_dead(self, reason: str) -> None:
+        """Report a sandbox that cannot be trusted any more (e.g. unkillable leftovers)."""
+        with self.lock:
+            if self.state in _LIVE:
+                self._mark_dead(reason)
+
+    def ensure_usable(self) -> None:
+        """Raise ``SandboxGoneError`` (destroying) or ``SandboxDeadError`` (dead) unless live."""
+        with self.lock:
+            if self.is_destroying:
+                raise SandboxGoneError(f"sandbox {self.sandbox_id} is being destroyed")
+            if not self.alive():
+                raise SandboxDeadError(f"sandbox {self.sandbox_id} is {self.state}: {self.dead_reason or 'gone'}")
+
+    def open_root(self) -> int:
+        """An O_PATH fd of the sandbox's root, checked against a recycled pid: the pidfd taken
+        at start must still name a live process after the open. The caller closes it."""
+        with self.lock:
+            self.ensure_usable()
+            fd = os.open(f"/proc/{self.init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            if not self._pidfd_alive():
+                os.close(fd)
+                raise SandboxDeadError(f"sandbox {self.sandbox_id}: init is gone")
+            return fd
+
+    def destroy(self) -> list[str]:
+        """Kill every process, wait for the init, remove the cgroups. Idempotent; never
+        raises for cleanup trouble: returns what could not be cleaned (empty = all gone)."""
+        with self.lock:
+            if self.state is S.DESTROYED:
+                return []
+            if self.state is not S.DESTROYING:
+                self._move(S.DESTROYING)
+        problems: list[str] = []
+        left = self._driver.kill_sandbox(self.group)
+        if self._driver.version == 0 and self.init_pid > 0:
+            kill_tree(self.init_pid)  # no cgroup to kill through (unisolated mode)
         proc = self._proc
-        if self._driver.version == 0 and proc is not None and proc.poll() is None:
-            kill_tree(proc.pid)  # no cgroup to kill through (unisolated mode)
-            if self.init_pid > 0:
-                kill_tree(self.init_pid)
         if proc is not None:
-            # the pid-1 finishes exiting only once the zombies of its namespace that we
-            # adopted (e.g. a killed session's shell) are reaped
-            deadline = time.monotonic() + 5.0
-            while proc.poll() is None and time.monotonic() < deadline:
-                reaper.reap_orphans()
-                time.sleep(0.001)
-            reaper.release(proc)
-        self._reap_init()
-        self._driver.remove_sandbox(self.group)
-        self._grants.clear()
-        self._move(SandboxState.DESTROYED)
-
-    def _reap_init(self) -> None:
-        """The init was adopted by us (the subreaper) when its bwrap monitor died: reap it."""
-        deadline = time.monotonic() + 2.0
-        while self.init_pid > 0 and time.monotonic() < deadline:
             try:
-                with open(f"/proc/{self.init_pid}/stat", encoding="ascii", errors="replace") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                return
-            if int(fields[1]) != os.getpid():
-                return  # not (or no longer) ours: its parent reaps it
-            if fields[0] == "Z":
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(self.init_pid, os.WNOHANG)
-                return
-            time.sleep(0.005)
+                proc.wait(timeout=5.0)  # the monitor exits once the namespace's pid 1 died
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2.0)
+                problems.append(f"bubblewrap monitor {proc.pid} did not exit by itself")
+        if left:  # launchers stuck: last resort, kill everything including them
+            left = self._driver.kill_sandbox(self.group, spare_host=False)
+            if left:
+                problems.append(f"{left} tasks survived the kill")
+        try:
+            self._driver.remove_sandbox(self.group)
+        except OSError as exc:
+            problems.append(f"cgroups not removed: {exc}")
+        with self.lock:
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
+                self._pidfd = -1
+            self._move(S.DESTROYED)
+        return problems
 
-    # -- Allocate-on-Execution ----------------------------------------------------------------
-    def grant(self, cpus: tuple[int, ...], cores: int) -> None:
-        """Add one action's grant: cpuset = union of live grants, quota = their cores; thaw."""
-        self.ensure_alive()
-        self._grants.append((cpus, cores))
-        self._apply()
-        if len(self._grants) == 1:
-            self._driver.thaw(self.group)
-        self._move(SandboxState.ACTIVE)
+    def retry_cleanup(self) -> list[str]:
+        """Second try for a destroy that left something (called by ``close``)."""
+        problems = []
+        left = self._driver.kill_sandbox(self.group, spare_host=False)
+        if left:
+            problems.append(f"{left} tasks survived the kill")
+        try:
+            self._driver.remove_sandbox(self.group)
+        except OSError as exc:
+            problems.append(f"cgroups not removed: {exc}")
+        return problems
 
-    def reclaim(self, cpus: tuple[int, ...], cores: int) -> None:
-        """Remove one grant (idempotent per grant); the last one freezes the sandbox at zero CPU."""
-        with contextlib.suppress(ValueError):
-            self._grants.remove((cpus, cores))
-        if self.state is not SandboxState.ACTIVE:
-            return
-        if self._grants:
+    # -- holding and grants ---------------------------------------------------------------
+    def set_holding(self, holding: Holding | None) -> Holding | None:
+        """Set (or with None release) the standing holding; returns the previous one."""
+        with self.lock:
+            self.ensure_usable()
+            old, self.holding = self.holding, holding
             self._apply()
-            self._move(SandboxState.ACTIVE)
+            self._settle()
+            return old
+
+    def begin(self, cpus: tuple[int, ...], millicores: int, slot: str | None = None, kind: str = "action") -> str:
+        """Apply one run's grant to ``slot`` (a fresh or reused one when None) and thaw."""
+        with self.lock:
+            self.ensure_usable()
+            if millicores == 0 and self.holding is None:
+                raise InvalidRequestError("millicores", "0 is valid only for a sandbox with a holding (hold)", 0)
+            name = slot if slot is not None else self._acquire_slot()
+            s = self._slots[name]
+            s.kind, s.running, s.cpus, s.millicores = kind, True, cpus, millicores
+            self._apply()
+            self._move(S.ACTIVE)
+            return name
+
+    def end(self, slot: str, keep: str = "free") -> None:
+        """Take a run's grant back; ``keep`` says what the slot is now (free, session, kept)."""
+        with self.lock:
+            s = self._slots.get(slot)
+            if s is None or self.state not in _LIVE:
+                return
+            s.kind, s.running, s.cpus, s.millicores = keep, False, (), 0
+            self._applied_slots.pop(slot, None)  # a kill may have lifted its quota: rewrite
+            self._apply()
+            self._settle()
+
+    def add_grant(self, millicores: int) -> int:
+        """A sandbox-wide grant with no slot (``CpuManager.grant``); returns its token."""
+        with self.lock:
+            self.ensure_usable()
+            self._next += 1
+            self._grants[self._next] = millicores
+            self._apply()
+            self._move(S.ACTIVE)
+            return self._next
+
+    def remove_grant(self, token: int) -> None:
+        with self.lock:
+            if self._grants.pop(token, None) is None or self.state not in _LIVE:
+                return
+            self._apply()
+            self._settle()
+
+    def _running(self) -> bool:
+        return bool(self._grants) or any(s.running for s in self._slots.values())
+
+    def _settle(self) -> None:
+        if self._running():
+            self._move(S.ACTIVE)
         else:
-            self.reclaim_all()
-            self._move(SandboxState.IDLE)
-
-    def reclaim_all(self) -> None:
-        """Minimum quota and frozen; the cpuset is left as it was (frozen tasks use none)."""
-        cpus = self._applied[0] if self._applied else self._all_cpus
-        self._set(cpus, CPU_QUOTA_MIN_US)
-        self._driver.freeze(self.group)
-
-    def _apply(self) -> None:
-        cpus = tuple(sorted({c for g, _ in self._grants for c in g}))
-        self._set(cpus, sum(n for _, n in self._grants) * CPU_PERIOD_US)
-
-    def _set(self, cpus: tuple[int, ...], quota_us: int) -> None:
-        """Write only what changed: each cgroup write costs tens of microseconds."""
-        old_cpus, old_quota = self._applied or ((), -2)
-        self._driver.set_grant(self.group, cpus if cpus != old_cpus else None, quota_us if quota_us != old_quota else None)
-        self._applied = (cpus, quota_us)
+            self._move(S.HELD if self.holding is not None else S.IDLE)
 
     @property
-    def granted_cores(self) -> int:
-        return sum(n for _, n in self._grants)
+    def granted_millicores(self) -> int:
+        with self.lock:
+            return sum(self._grants.values()) + sum(s.millicores for s in self._slots.values() if s.running)
 
-    # -- slots ----------------------------------------------------------------------------
-    def acquire_slot(self) -> str:
-        """An accounting slot with no task in it (reused when possible), marked in use."""
+    # -- cgroup settings (lock held) ---------------------------------------------------------
+    def _apply(self) -> None:
+        """Write only what changed: each cgroup write costs tens of microseconds."""
+        h = self.holding
+        running_mc = sum(self._grants.values()) + sum(s.millicores for s in self._slots.values() if s.running)
+        if h is not None and not h.limit:
+            quota = -1
+        elif h is not None:
+            quota = quota_us(h.millicores + running_mc)
+        else:
+            quota = quota_us(running_mc) if self._running() else CPU_QUOTA_MIN_US
+        freeze = not self._running() and h is None
+        if freeze and not self._frozen:
+            self._driver.freeze(self.group)
+        # v1 refuses a child quota above its parent's: raise the sandbox's first, lower it last
+        raising = self._applied_quota is not None and (quota < 0 or (0 <= self._applied_quota < quota))
+        if raising or self._applied_quota is None:
+            self._write_quota(quota)
+        for name, s in self._slots.items():
+            want = self._slot_setting(s)
+            old = self._applied_slots.get(name)
+            if want != old:
+                self._driver.set_slot_grant(self.group, name, want[0] if old is None or old[0] != want[0] else None,
+                                            want[1] if old is None or old[1] != want[1] else None)  # fmt: skip
+                self._applied_slots[name] = want
+        self._write_quota(quota)
+        if not freeze and self._frozen:
+            self._driver.thaw(self.group)
+        self._frozen = freeze
+
+    def _write_quota(self, quota: int) -> None:
+        if quota != self._applied_quota:
+            self._driver.set_grant(self.group, None, quota)
+            self._applied_quota = quota
+
+    def _slot_setting(self, s: _Slot) -> tuple[tuple[int, ...], int]:
+        """(cpuset, quota) of one slot: a running slot gets exactly its grant (plus the
+        holding's cpus and millicores); a parked one lives within the holding, or gets the
+        minimum quota so background jobs cannot eat other actions' grants."""
+        h = self.holding
+        if s.running:
+            if h is not None and h.limit:
+                return tuple(sorted(set(s.cpus) | set(h.cpus))), quota_us(s.millicores + h.millicores)
+            if h is not None and s.millicores == 0:
+                return self._all_cpus, -1
+            return s.cpus, quota_us(s.millicores)
+        if h is not None:
+            return (h.cpus, quota_us(h.millicores)) if h.limit else (self._all_cpus, -1)
+        return self._all_cpus, CPU_QUOTA_MIN_US
+
+    def _acquire_slot(self) -> str:
+        """A free slot with no task in it (reused), else a new one; kept slots free up once
+        their background jobs are gone."""
         for name in sorted(self._slots):
-            if not self._slots[name] and not self._driver.slot_pids(self.group, name):
-                self._slots[name] = True
+            s = self._slots[name]
+            if s.kind == "kept" and not self._driver.slot_pids(self.group, name):
+                s.kind = "free"
+            if s.kind == "free" and not self._driver.slot_pids(self.group, name):
                 return name
-        name = f"a{self._next_slot}"
-        self._next_slot += 1
+        name = f"a{len(self._slots)}"
+        while name in self._slots:
+            name += "x"
         self._driver.create_slot(self.group, name)
-        self._slots[name] = True
+        self._slots[name] = _Slot()
         return name
 
-    def release_slot(self, name: str) -> None:
-        self._slots[name] = False
+    def remove_slot(self, slot: str) -> None:
+        """Forget a slot whose tasks are gone (a closed session's)."""
+        with self.lock:
+            if self._slots.pop(slot, None) is not None and self.state in _LIVE:
+                self._applied_slots.pop(slot, None)
+                with contextlib.suppress(OSError):
+                    self._driver.remove_slot(self.group, slot)
 
     def slot_join_files(self, slot: str) -> tuple[str, ...]:
         return self._driver.join_files(self.group, slot)
 
-    @property
-    def root_dir(self) -> str:
-        """The sandbox's root as the host sees it (valid while the init lives)."""
-        return f"/proc/{self.init_pid}/root"
+    def slot_cpus(self, slot: str) -> tuple[int, ...]:
+        with self.lock:
+            return self._slot_setting(self._slots[slot])[0]
+
+
+__all__ = ["Holding", "Sandbox", "SandboxGoneError", "SandboxState"]

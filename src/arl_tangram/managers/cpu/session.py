@@ -6,8 +6,10 @@ heredocs and unbalanced quotes included, arrives intact and a syntax error canno
 shell), with stdin from /dev/null, followed by two ``printf`` sentinels carrying a random
 token and ``$?``. The output of a command is everything before its sentinel.
 
-Who calls: ``CpuManager``, which grants cores around every ``run`` (the sandbox is frozen
-otherwise) and serialises runs of one session with ``ShellSession.lock``.
+Who calls: ``SessionRegistry``, which applies the grant to the session's slot around every
+``run`` (the slot is parked otherwise) and serialises runs of one session with
+``ShellSession.lock``. ``kill`` may come from another thread during a run (close, destroy):
+the run then sees its shell exit and returns.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from arl_tangram.managers.cpu import reaper
 from arl_tangram.managers.cpu.actions import spawn_in_slot
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.sandbox import Sandbox
@@ -98,6 +99,7 @@ class ShellSession:
         self.slot = slot
         self.lock = threading.Lock()
         self.closed = False
+        self.closing = False  # close or destroy began: a run in progress ends cancelled
         self._driver = driver
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -214,15 +216,24 @@ class ShellSession:
             time.sleep(0.002)
 
     def kill(self) -> None:
-        """Kill the shell and everything it started; idempotent."""
+        """Kill the shell and everything it started; idempotent. The launcher is spared by
+        the kill and exits once the shell is gone; it is killed only if it lingers."""
         self.closed = True
         self._driver.kill_slot(self.sandbox.group, self.slot)
         proc = self._proc
-        if proc is not None:
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5.0)
-            reaper.release(proc)
-            reaper.reap_orphans()  # the shell, orphaned when its launcher died first
+
+    def close_pipes(self) -> None:
+        """Close our ends of the shell's pipes (after the run using them returned)."""
+        proc = self._proc
+        if proc is not None:
             for f in (proc.stdin, proc.stdout, proc.stderr):
                 if f is not None:
                     with contextlib.suppress(OSError):

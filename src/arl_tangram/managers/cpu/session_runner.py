@@ -1,8 +1,13 @@
 """Shell: the manager's table of persistent shell sessions and the grant around each run.
 
 Who calls: ``CpuManager`` (``open_session``, ``run_in_session``, ``close_session``,
-``destroy_sandbox``). Runs of one session are serialised; sessions of one sandbox may run
-concurrently, each with its own grant.
+``destroy_sandbox``). Runs of one session are serialised by the session's lock; sessions of
+one sandbox may run concurrently, each in its own slot with its own grant (the same grant
+semantics as ``exec``: session CPU is granted by the caller, never implicit).
+
+Races end in defined outcomes: a close or destroy during a run kills the shell (without
+waiting for the run), the run returns ``cancelled``, and only then is the slot released
+(under the session's lock, so a slot is never reused while a run still uses it).
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from arl_tangram.managers.cpu.errors import SandboxDeadError, SandboxNotFoundError
+from arl_tangram.managers.cpu.errors import SandboxNotFoundError
+from arl_tangram.managers.cpu.grants import GrantRequest, grant_request
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
-from arl_tangram.managers.cpu.session import ShellSession
+from arl_tangram.managers.cpu.sandbox import SandboxGoneError
+from arl_tangram.managers.cpu.session import SessionRun, ShellSession
 
 if TYPE_CHECKING:
     from arl_tangram.managers.cpu.manager import CpuManager
@@ -27,21 +34,23 @@ class SessionRegistry:
         self._sessions: dict[str, ShellSession] = {}
 
     def open(self, sandbox_id: str, env: dict[str, str], cwd: str) -> str:
+        """Start bash in a new slot (granted one core while it starts; parked after)."""
         mgr = self._manager
         sb = mgr.get_sandbox(sandbox_id)
-        session = None
-        grant = mgr.grant(sandbox_id, 1)  # bash must run to start; the sandbox is frozen otherwise
+        cpus = mgr.reserve(grant_request(mgr.topology, cores=1))
         try:
-            with sb.lock:
-                slot = sb.acquire_slot()
+            slot = sb.begin(cpus, 1000, kind="session")
             session = ShellSession(f"{sandbox_id}.{secrets.token_hex(4)}", sb, mgr.driver, slot)
-            session.start({**mgr.base_env(sandbox_id, 1), **env}, cwd)
-        except BaseException:
-            if session is not None:
+            try:
+                session.start({**mgr.base_env(sandbox_id, 1), **env}, cwd)
+            except BaseException:
                 session.kill()
-            raise
+                session.close_pipes()
+                sb.end(slot, keep="free")
+                raise
+            sb.end(slot, keep="session")
         finally:
-            mgr.reclaim(grant)
+            mgr.release(cpus)
         with self._lock:
             self._sessions[session.session_id] = session
         return session.session_id
@@ -53,63 +62,97 @@ class SessionRegistry:
             raise SandboxNotFoundError(f"session_id: no open session {session_id!r}")
         return session
 
-    def run(self, session_id: str, command: str, cores: int, timeout_s: float, cap: int, cancel: threading.Event | None) -> ExecResult:
+    def run(self, session_id: str, command: str, g: GrantRequest, timeout_s: float, cap: int, cancel: threading.Event | None) -> ExecResult:
         session = self._get(session_id)
         mgr, sb = self._manager, session.sandbox
-        with session.lock:
-            if session.closed:
-                raise SandboxDeadError(f"session {session_id} has exited; open a new one")
-            grant = mgr.grant(sb.sandbox_id, cores)
-            t0 = time.perf_counter()
-            try:
-                mgr.driver.reset_slot_counters(sb.group, session.slot)
-                oom_before = mgr.driver.oom_kills(sb.group)
-                # the DoP of this run, visible to the command (the shell's env persists otherwise)
-                run = session.run(f"export TANGRAM_DOP={cores}\n{command}", timeout_s=timeout_s, cap_bytes=cap, cancel=cancel)
-                wall_s = time.perf_counter() - t0
-                cpu_s = mgr.driver.slot_cpu_ns(sb.group, session.slot) / 1e9
-                peak = mgr.driver.slot_peak_bytes(sb.group, session.slot)
-                oom = mgr.driver.oom_kills(sb.group) - oom_before
-                error = None if sb.alive() else f"sandbox died during the command: {sb.dead_reason}"
-            finally:
-                mgr.reclaim(grant)
+        cpus = mgr.reserve(g)
+        try:
+            with session.lock:
+                if session.closed or session.closing:
+                    return ExecResult(outcome=Outcome.CANCELLED, exit_code=None, millicores=g.millicores)
+                try:
+                    sb.begin(cpus, g.millicores, slot=session.slot, kind="session")
+                except SandboxGoneError:
+                    return ExecResult(outcome=Outcome.CANCELLED, exit_code=None, millicores=g.millicores)
+                try:
+                    return self._run_granted(session, command, g, timeout_s, cap, cancel)
+                finally:
+                    sb.end(session.slot, keep="session")
+        finally:
+            mgr.release(cpus)
+            if session.closed and not session.closing:
+                self._drop(session)  # the shell exited by itself (e.g. ``exit 7``)
+
+    def _run_granted(self, session: ShellSession, command: str, g: GrantRequest, timeout_s: float, cap: int, cancel: threading.Event | None) -> ExecResult:
+        drv, sb = self._manager.driver, session.sandbox
+        seen = sb.slot_cpus(session.slot)
+        dop = g.dop or max(1, len(seen))
+        t0 = time.perf_counter()
+        drv.reset_slot_counters(sb.group, session.slot)
+        oom_before = drv.oom_kills(sb.group)
+        # the DoP of this run, visible to the command (the shell's env persists otherwise)
+        run = session.run(f"export TANGRAM_DOP={dop}\n{command}", timeout_s=timeout_s, cap_bytes=cap, cancel=cancel)
+        wall_s = time.perf_counter() - t0
+        gone = session.closing or sb.is_destroying
+        error = None if gone or sb.alive() else f"sandbox died during the command: {sb.dead_reason}"
+        outcome = _outcome(run, gone, drv.oom_kills(sb.group) - oom_before, error)
         out, out_cut, out_n = run.stdout.content()
         err, err_cut, err_n = run.stderr.content()
-        outcome = classify(exit_code=run.exit_code, timed_out=run.timed_out, cancelled=run.cancelled, oom_kills=oom, error=error)
-        if run.session_died and outcome is Outcome.SUCCEEDED:
-            outcome = Outcome.FAILED
-        if run.session_died:
-            self.close(session_id)
         return ExecResult(
             outcome=outcome, exit_code=run.exit_code, stdout=out, stderr=err,
             stdout_truncated=out_cut, stderr_truncated=err_cut, stdout_bytes=out_n, stderr_bytes=err_n,
-            wall_s=wall_s, cpu_s=cpu_s, peak_mem_bytes=peak, cores=grant.cores, cpus=grant.cpus,
-            error=error if error else ("the session's shell exited" if run.session_died else None),
+            wall_s=wall_s, cpu_s=drv.slot_cpu_ns(sb.group, session.slot) / 1e9,
+            peak_mem_bytes=drv.slot_peak_bytes(sb.group, session.slot), cores=len(seen), cpus=seen,
+            millicores=g.millicores,
+            error=error if error or outcome is not Outcome.ERROR else "the session's shell exited",
         )  # fmt: skip
 
     def close(self, session_id: str) -> None:
-        """Kill the session's shell and free its slot; unknown ids raise."""
+        """Kill the session's shell, then (after any run in progress returned) free its slot;
+        unknown ids raise ``SandboxNotFoundError``."""
         with self._lock:
             session = self._sessions.pop(session_id, None) if isinstance(session_id, str) else None
         if session is None:
             raise SandboxNotFoundError(f"session_id: no open session {session_id!r}")
+        session.closing = True
         sb = session.sandbox
-        if sb.alive():
-            grant = self._manager.grant(sb.sandbox_id, 1)  # a frozen task dies only once thawed
-            try:
-                session.kill()
-            finally:
-                self._manager.reclaim(grant)
-        else:
+        token = None
+        try:
+            if not sb.is_destroying and sb.alive():
+                token = sb.add_grant(1000)  # frozen tasks die only once thawed
             session.kill()
-        with sb.lock:
-            sb.release_slot(session.slot)
+        except SandboxGoneError:
+            pass  # the destroy kills the shell
+        finally:
+            if token is not None:
+                sb.remove_grant(token)
+        with session.lock:  # waits for a run in progress to return
+            session.close_pipes()
+            sb.end(session.slot, keep="free")
+
+    def _drop(self, session: ShellSession) -> None:
+        with self._lock:
+            if self._sessions.get(session.session_id) is session:
+                del self._sessions[session.session_id]
+        session.kill()
+        session.close_pipes()
+        session.sandbox.end(session.slot, keep="free")
 
     def forget_sandbox(self, sandbox_id: str) -> None:
-        """Drop the sessions of a sandbox being destroyed (its destroy kills their shells)."""
+        """Drop the sessions of a sandbox being destroyed (its destroy kills their shells;
+        runs in progress end cancelled)."""
         with self._lock:
             doomed = [s for sid, s in self._sessions.items() if s.sandbox.sandbox_id == sandbox_id]
             for s in doomed:
                 del self._sessions[s.session_id]
         for s in doomed:
-            s.closed = True
+            s.closing = True
+
+
+def _outcome(run: SessionRun, gone: bool, oom_kills: int, error: str | None) -> Outcome:
+    if gone:
+        return Outcome.CANCELLED
+    outcome = classify(exit_code=run.exit_code, timed_out=run.timed_out, cancelled=run.cancelled, oom_kills=oom_kills, error=error)
+    if run.session_died and outcome is Outcome.SUCCEEDED:
+        return Outcome.FAILED
+    return outcome

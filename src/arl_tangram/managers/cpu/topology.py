@@ -24,6 +24,16 @@ class CpuTopology:
     def cpus(self) -> tuple[int, ...]:
         return tuple(sorted(c for cpus in self.nodes.values() for c in cpus))
 
+    @property
+    def domains(self) -> tuple[tuple[int, ...], ...]:
+        """The usable cpus of each NUMA domain, indexed by domain ``d`` = position in node-id
+        order. ``numa_millicores[d]`` of a grant refers to ``domains[d]``."""
+        return tuple(self.nodes[n] for n in sorted(self.nodes))
+
+    def numa_cores(self) -> tuple[int, ...]:
+        """Usable cores per NUMA domain (same indexing as ``domains``)."""
+        return tuple(len(cpus) for cpus in self.domains)
+
     def node_of(self, cpu: int) -> int:
         for node, cpus in self.nodes.items():
             if cpu in cpus:

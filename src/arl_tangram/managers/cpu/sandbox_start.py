@@ -1,0 +1,90 @@
+"""Shell: starting one sandbox's init (bubblewrap) inside its cgroups and waiting until it
+can be entered. Who calls: ``Sandbox.start`` only."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import time
+
+from arl_tangram.managers.cpu.errors import CpuManagerError
+from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
+
+INIT_ARGV = ("/usr/bin/sleep", "infinity")
+START_TIMEOUT_S = 10.0
+
+
+def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], int]:
+    """Spawn the bubblewrap monitor (our child, which reaps the namespace's pid 1) and return
+    it with the host pid of that pid 1, once its mounts are ready. On failure the monitor is
+    killed and waited for, and ``CpuManagerError`` names the cause."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        argv = join_then_exec(join_files, bwrap_argv(layout, w, INIT_ARGV))
+        proc = subprocess.Popen(
+            argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, env=HOST_ENV,
+        )  # fmt: skip
+        os.close(w)
+        w = -1
+        init_pid = _read_child_pid(sandbox_id, r, proc)
+        _wait_ready(sandbox_id, init_pid, proc)
+        return proc, init_pid
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
+        raise
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()  # only start errors matter; never block the init
+
+
+def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes]) -> int:
+    data = b""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+        with contextlib.suppress(ValueError):
+            return int(json.loads(data)["child-pid"])
+    raise CpuManagerError(f"sandbox {sandbox_id}: bubblewrap did not start: {_start_error(proc)}")
+
+
+def _wait_ready(sandbox_id: str, init_pid: int, proc: subprocess.Popen[bytes]) -> None:
+    """bwrap reports the pid before the mounts are done; its pid 1 forks the init command
+    only after setup, so a child of pid 1 means the sandbox is ready to be entered."""
+    children = f"/proc/{init_pid}/task/{init_pid}/children"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    delay = 0.0002
+    while time.monotonic() < deadline:
+        try:
+            with open(children, encoding="ascii") as f:
+                if f.read().strip():
+                    return
+        except FileNotFoundError:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    raise CpuManagerError(f"sandbox {sandbox_id}: init did not become ready: {_start_error(proc)}")
+
+
+def _start_error(proc: subprocess.Popen[bytes]) -> str:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    text = b""
+    if proc.stderr is not None and proc.poll() is not None:
+        with contextlib.suppress(OSError):
+            text = proc.stderr.read() or b""
+    return f"exit status {proc.returncode}: {text.decode(errors='replace').strip() or 'no message'}"
