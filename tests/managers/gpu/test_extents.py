@@ -48,7 +48,12 @@ def test_churn_then_full_slide_leaves_one_hole(ops: list[tuple[bool, int]]) -> N
         model.check_invariants()
     free = model.free_bytes
     assert fits_after_compaction(model, set(held), free) == (free > 0)
-    while (move := next_move(model, set(model.used_extents()[i].offset_bytes for i in range(len(model.used_extents()))))) is not None:
+    while (
+        move := next_move(
+            model,
+            set(model.used_extents()[i].offset_bytes for i in range(len(model.used_extents()))),
+        )
+    ) is not None:
         apply_move(model, move)
         model.check_invariants()
     assert model.free_bytes == free

@@ -159,7 +159,9 @@ def test_forward_out_of_memory_splits_the_batch(make_manager: Callable[..., GpuM
 
     async def burst() -> list[dict]:
         return list(
-            await asyncio.gather(*(manager.run_async("oom", {"tokens": [i, i + 1]}) for i in range(6)))
+            await asyncio.gather(
+                *(manager.run_async("oom", {"tokens": [i, i + 1]}) for i in range(6))
+            )
         )
 
     results = asyncio.run(burst())

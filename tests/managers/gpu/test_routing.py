@@ -32,7 +32,10 @@ def _devices(case: str) -> list[DeviceSpec]:
 def _arena_of(manager: GpuManager, tensor: torch.Tensor) -> int | None:
     for index, arena in enumerate(manager._arenas):
         start = arena.buffer.data_ptr()
-        if arena.buffer.device == tensor.device and start <= tensor.data_ptr() < start + arena.buffer.numel():
+        if (
+            arena.buffer.device == tensor.device
+            and start <= tensor.data_ptr() < start + arena.buffer.numel()
+        ):
             return index
     return None
 
@@ -47,7 +50,11 @@ def _check_routes(manager: GpuManager, replica_id: str, run: Callable[[], Any]) 
     seen = set()
     for name, index, input_devices in log:
         submodule = module.get_submodule(name)
-        own = [t for t in list(submodule.parameters(False)) + list(submodule.buffers(False)) if t.numel()]
+        own = [
+            t
+            for t in list(submodule.parameters(False)) + list(submodule.buffers(False))
+            if t.numel()
+        ]
         arenas = {_arena_of(manager, t) for t in own}
         assert arenas == {replica.devices[index]}, (name, index, arenas)
         device = manager._arenas[replica.devices[index]].device

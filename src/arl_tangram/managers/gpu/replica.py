@@ -251,6 +251,9 @@ class Replica:
         self._arenas = []
 
 
+_COPIED = (torch.Tensor, torch.nn.Module, dict, list, set, tuple)
+
+
 def _skeleton(model: LoadedModel) -> LoadedModel:
     """A copy of the module tree that shares no tensor storage with the host module.
 
@@ -259,6 +262,12 @@ def _skeleton(model: LoadedModel) -> LoadedModel:
     points the copy at device views. Tokenizer and limits are shared.
     """
     memo: dict[int, Any] = {}
+    for submodule in model.module.modules():
+        for key, value in vars(submodule).items():
+            # Plain attributes (configs, events, callables) are shared, not copied: read-only
+            # at inference and not always copyable. Containers are copied: they hold hooks.
+            if not key.startswith("_") and not isinstance(value, _COPIED):
+                memo[id(value)] = value
     for param in model.module.parameters():
         memo[id(param)] = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=False)
     for buffer in model.module.buffers():

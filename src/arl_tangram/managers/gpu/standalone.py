@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from arl_tangram.managers.gpu.devices import DeviceSpec
-from arl_tangram.managers.gpu.errors import NeverFitsError, ReplicaEvictedError, UnknownReplicaError
+from arl_tangram.managers.gpu.errors import (
+    DeviceBusyError,
+    NeverFitsError,
+    ReplicaEvictedError,
+    UnknownReplicaError,
+)
 from arl_tangram.managers.gpu.manager import Factory, GpuManager, GpuManagerConfig
 from arl_tangram.managers.gpu.service import ServiceInfo
 
@@ -32,7 +38,8 @@ class StandaloneGpuManager:
         self, devices: Sequence[DeviceSpec] | None = None, config: GpuManagerConfig | None = None
     ) -> None:
         self.manager = GpuManager(devices, config)
-        self._policy = threading.Lock()
+        self._policy = threading.Condition()
+        self._users: dict[str, int] = {}  # callers between placement and the end of their run
         self._widths: dict[str, int] = {}
         self._last_used: dict[str, int] = {}
         self._seq = 0
@@ -77,11 +84,15 @@ class StandaloneGpuManager:
     def call_sync(self, name: str, request: Any) -> dict[str, Any]:
         """Place ``name`` if needed (evicting LRU replicas), then run the request."""
         for _ in range(_MAX_PLACEMENTS):
-            self._place(name)
+            self._place(name, use=True)
             try:
                 return self.manager.run(name, request)
             except (ReplicaEvictedError, UnknownReplicaError):
-                continue  # evicted by another caller's placement in between: place again
+                continue  # evicted by ``evict_service`` in between: place again
+            finally:
+                with self._policy:
+                    self._users[name] -= 1
+                    self._policy.notify_all()
         raise ReplicaEvictedError(name)
 
     async def call(self, name: str, request: Any) -> dict[str, Any]:
@@ -112,20 +123,29 @@ class StandaloneGpuManager:
         except UnknownReplicaError:
             return None
 
-    def _place(self, name: str) -> float:
+    def _place(self, name: str, use: bool = False) -> float:
+        """Make ``name`` resident; with ``use`` it stays so until the caller's run ends."""
+        deadline = time.monotonic() + self.manager.config.wait_timeout_s
         with self._policy:
             self._seq += 1
             self._last_used[name] = self._seq
-            if self._state(name) == "resident":
-                return 0.0
-            width = self._widths.get(name, 1)
-            need = self.manager.footprint_bytes(name, width)
-            devices = self._choose(width, need)
-            for victim in self._victims(name, devices, need):
-                self.manager.evict(victim)
-                self.num_evictions[victim] = self.num_evictions.get(victim, 0) + 1
-            seconds = self.manager.load(name, name, devices)
-            self.num_loads[name] = self.num_loads.get(name, 0) + 1
+            seconds = 0.0
+            while self._state(name) != "resident":
+                width = self._widths.get(name, 1)
+                need = self.manager.footprint_bytes(name, width)
+                devices = self._choose(width, need)
+                victims = self._victims(name, devices, need)
+                if victims is None:  # replicas in use block it: wait for a run to end
+                    if not self._policy.wait(max(0.0, deadline - time.monotonic())):
+                        raise DeviceBusyError(f"service {name!r}: every replica stayed in use")
+                    continue
+                for victim in victims:
+                    self.manager.evict(victim)
+                    self.num_evictions[victim] = self.num_evictions.get(victim, 0) + 1
+                seconds = self.manager.load(name, name, devices)
+                self.num_loads[name] = self.num_loads.get(name, 0) + 1
+            if use:
+                self._users[name] = self._users.get(name, 0) + 1
             return seconds
 
     def _choose(self, width: int, need: int) -> list[int]:
@@ -136,15 +156,16 @@ class StandaloneGpuManager:
             groups, key=lambda g: (min(free[d] for d in g) >= need, min(free[d] for d in g), -g[0])
         )
 
-    def _victims(self, name: str, devices: list[int], need: int) -> list[str]:
-        """LRU resident replicas on ``devices`` to evict until each has ``need`` free bytes."""
+    def _victims(self, name: str, devices: list[int], need: int) -> list[str] | None:
+        """LRU idle replicas on ``devices`` to evict until each has ``need`` free bytes;
+        ``None`` when even evicting all of them would not be enough."""
         status = self.manager.status()
         free = {d: status["devices"][d]["free_bytes"] for d in devices}
         ids = {s["device_id"]: i for i, s in enumerate(status["devices"])}
         resident = [
             (self._last_used.get(rid, 0), rid, [ids[d] for d in r["devices"]], r["extent_bytes"])
             for rid, r in status["replicas"].items()
-            if r["state"] == "resident" and rid != name
+            if r["state"] == "resident" and rid != name and not self._users.get(rid)
         ]
         victims = []
         for _, rid, on, sizes in sorted(resident):
@@ -155,4 +176,4 @@ class StandaloneGpuManager:
                 for d, size in zip(on, sizes, strict=True):
                     if d in free:
                         free[d] += size
-        return victims
+        return victims if all(free[d] >= need for d in devices) else None
