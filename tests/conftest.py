@@ -1,14 +1,18 @@
 """Suite-wide fixtures: every test must leave no process, cgroup, mount or temp dir behind.
 
 Convention for everything the project creates on the host: cgroups, mounts and temp dirs
-carry ``arl-tangram`` in their name, so this check can find leftovers without knowing
-which manager made them.
+carry ``arl-tangram-<pid>`` in their name (``<pid>`` = the process that created them), so
+this check finds leftovers without knowing which manager made them. It looks only at what
+*this* test run created: this process's descendants, cgroups and temp dirs named after this
+process or one of its descendants, and this process's own mount table, so concurrent runs on
+the same host (other checkouts, other agents) never make it flaky.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,6 +21,8 @@ import psutil
 import pytest
 
 LEAK_MARK = "arl-tangram"
+_PID_IN_NAME = re.compile(rf"{LEAK_MARK}-(\d+)")
+_OURS: set[int] = {os.getpid()}  # this process and every descendant seen so far
 
 
 def _child_pids() -> set[int]:
@@ -24,14 +30,27 @@ def _child_pids() -> set[int]:
         children = psutil.Process(os.getpid()).children(recursive=True)
     except psutil.Error:
         return set()
-    return {c.pid for c in children if c.status() != psutil.STATUS_ZOMBIE}
+    pids = set()
+    for c in children:
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:
+                pids.add(c.pid)
+        except psutil.Error:
+            continue
+    _OURS.update(pids)
+    return pids
+
+
+def _ours(name: str) -> bool:
+    match = _PID_IN_NAME.search(os.path.basename(name))
+    return match is not None and int(match.group(1)) in _OURS
 
 
 def _cgroups() -> set[str]:
     found: set[str] = set()
     for depth in range(1, 6):
         pattern = "/sys/fs/cgroup/" + "/".join(["*"] * depth)
-        found.update(p for p in glob.glob(pattern) if LEAK_MARK in os.path.basename(p) and os.path.isdir(p))
+        found.update(p for p in glob.glob(pattern) if LEAK_MARK in os.path.basename(p) and _ours(p) and os.path.isdir(p))
     return found
 
 
@@ -41,16 +60,17 @@ def _mounts() -> set[str]:
 
 
 def _temp_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"{LEAK_MARK}*")))
+    return {p for p in glob.glob(os.path.join(tempfile.gettempdir(), f"{LEAK_MARK}*")) if _ours(p)}
 
 
 def _snapshot() -> dict[str, set]:
-    return {"processes": _child_pids(), "cgroups": _cgroups(), "mounts": _mounts(), "temp dirs": _temp_dirs()}
+    processes = _child_pids()  # first: it records descendants the other checks attribute
+    return {"processes": processes, "cgroups": _cgroups(), "mounts": _mounts(), "temp dirs": _temp_dirs()}
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
-    """Fail a test that leaves processes, cgroups, mounts or temp dirs of the project behind."""
+    """Fail a test that leaves processes, cgroups, mounts or temp dirs of this run behind."""
     before = _snapshot()
     yield
     deadline = time.monotonic() + 5.0
