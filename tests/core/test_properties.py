@@ -94,8 +94,11 @@ def check_step(before: ClusterState, events: tuple[Event, ...], decisions: tuple
         if aid in finished:
             continue
         if aid in ended:
-            assert ended[aid].outcome == "error" and aid not in after.running
-            assert ended[aid].reason.split(":")[0] in ("node_lost", "env_failed", "replica_failed")
+            assert aid not in after.running
+            assert (ended[aid].outcome, ended[aid].reason.split(":")[0]) in (
+                ("error", "node_lost"), ("error", "env_failed"), ("error", "replica_failed"),
+                ("cancelled", "released by its client"),
+            ), ended[aid]
             continue
         assert run.node_id not in lost_nodes, f"{aid} on a lost node got no outcome"
         assert after.running.get(aid) == run, f"running action {aid} was changed"

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
 from arl_tangram.managers.api.manager import ApiManager
 from arl_tangram.managers.cpu.manager import CpuManager
-from arl_tangram.managers.gpu.manager import GpuManager
+
+if TYPE_CHECKING:  # torch is imported only when a GPU manager is made
+    from arl_tangram.managers.gpu.manager import GpuManager
 
 # Of the host's memory, what sandboxes may hold in all (the rest: the host, the models' host
 # copies, the controller). An assumption; configurable per agent.

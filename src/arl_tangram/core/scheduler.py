@@ -155,20 +155,23 @@ class Scheduler:
             return [CancelAction(action_id, ed.running[action_id].node_id, "cancelled by its client", cause)]
         return []
 
-    def _end_running(self, ed: StateEditor, action_ids: list[str], why: str, cause: str) -> list[Decision]:
-        """End running actions whose env, replica or node is gone: ``error`` once, here; the
-        executor stops whatever is left of them and reports nothing more."""
+    def _end_running(
+        self, ed: StateEditor, action_ids: list[str], why: str, cause: str, outcome: str = "error"
+    ) -> list[Decision]:
+        """End running actions whose env, replica or node is gone, once, here (``error``, or
+        ``cancelled`` when their client released the env); the executor stops whatever is
+        left of them, and what it reports later changes nothing."""
         decisions: list[Decision] = []
         for aid in action_ids:
             ledger.finish_action(ed, aid, None)
-            decisions.append(ledger.reject(ed, aid, why, cause, "error"))
+            decisions.append(ledger.reject(ed, aid, why, cause, outcome))
         return decisions
 
     def _end_env(self, ed: StateEditor, env_id: str, why: str, outcome: str, cause: str) -> list[Decision]:
         """Free an env and end its queued and running actions with ``outcome``."""
         released = ed.envs.get(env_id)
         ed.touch(released.node_id if released else None)
-        decisions = self._end_running(ed, list(ed.env_busy.get(env_id, ())), why, cause) if outcome == "error" else []
+        decisions = self._end_running(ed, list(ed.env_busy.get(env_id, ())), why, cause, outcome)
         decisions += self._reject_bound(ed, "env", env_id, why, outcome, cause)
         order = ledger.release_env(ed, env_id, why, cause)
         if order is not None:

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Sequence
 
-from arl_tangram.agent.executor import LiveExecutor
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
@@ -36,6 +35,7 @@ from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import ActionRecord, ActionResult, ActionStore, Payload
+from arl_tangram.runtime.dispatcher import LiveExecutor
 from arl_tangram.runtime.loop import ControllerLoop, Round
 
 log = logging.getLogger(__name__)
@@ -208,9 +208,12 @@ class Controller:
         self.post(EnvReleased(env_id))
 
     def env_node(self, env_id: str) -> NodeAgent:
+        """The agent of the node an env's sandbox lives on (host-side file and session calls).
+        ``create_env`` returned, so the sandbox exists, even if the round that marks it ready
+        in the core has not run yet."""
         env = self.loop.state.envs.get(env_id)
-        if env is None or env.node_id is None or not env.ready:
-            raise SpecError("env_id", "must name a ready env", env_id)
+        if env is None or env.node_id is None or env_id not in self.env_specs:
+            raise SpecError("env_id", "must name a live env", env_id)
         return self.agents[env.node_id]
 
     def register_service(self, spec: ServiceSpec) -> None:

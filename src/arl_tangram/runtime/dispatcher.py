@@ -1,4 +1,4 @@
-"""Shell: the live executor, which carries the controller's decisions out on node agents.
+"""Shell: the dispatcher, the live executor that carries the controller's decisions out on node agents.
 
 Runs on the controller's asyncio thread. Every handler returns at once: blocking manager
 calls (a fork, a copy, a model call) go to a bounded pool of worker threads, API calls are
@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from arl_tangram.agent.node import NodeAgent
-from arl_tangram.agent.runs import run_api, run_exec, run_service
 from arl_tangram.core.decisions import (
     CancelAction,
     EvictService,
@@ -50,6 +49,7 @@ from arl_tangram.runtime.actions import (
     ServicePayload,
 )
 from arl_tangram.runtime.loop import Executor
+from arl_tangram.runtime.runs import run_api, run_exec, run_service
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

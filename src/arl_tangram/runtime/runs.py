@@ -24,7 +24,7 @@ from arl_tangram.runtime.actions import (
 )
 
 if TYPE_CHECKING:
-    from arl_tangram.agent.executor import LiveExecutor
+    from arl_tangram.runtime.dispatcher import LiveExecutor
 
 
 async def run_exec(
@@ -40,12 +40,16 @@ async def run_exec(
         "numa_millicores": d.numa_millicores or None,
         "dop": d.dop,
     }
-    common: dict[str, Any] = {"stdin": p.stdin, "timeout_s": p.timeout_s, "cancel": cancel, **grant}
+    common: dict[str, Any] = {"timeout_s": p.timeout_s, "cancel": cancel, **grant}
     if p.session_id is not None:
+        if not isinstance(p.command, str):
+            raise TypeError("a session runs a bash command string, not an argv")
         res = await ex.blocking(cpu.run_in_session, p.session_id, p.command, **common)
     else:
         env = dict(p.env) if p.env else None
-        res = await ex.blocking(cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, **common)
+        res = await ex.blocking(
+            cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, stdin=p.stdin, **common
+        )
     outcome = str(getattr(res.outcome, "value", res.outcome))
     result = ActionResult(
         record.spec.action_id, record.spec.kind, outcome, exit_code=res.exit_code,

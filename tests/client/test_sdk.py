@@ -1,0 +1,169 @@
+"""End-to-end through the embedded SDK: real sandboxes (bubblewrap + cgroups), a local HTTP
+provider that enforces its own rate limit with 429s, and the controller loop between them.
+Every action ends in one defined outcome; nothing is left behind (the suite's fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+import arl_tangram
+from arl_tangram.client import AsyncClient, Elastic, SpecError
+from arl_tangram.managers.api.config import ProviderConfig
+from arl_tangram.runtime.config import TangramConfig
+from arl_tangram.runtime.controller import EnvFailedError
+from tests.managers.api.provider_server import serve_provider
+
+pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[AsyncClient]:
+    async with arl_tangram.connect() as client:
+        yield client
+
+
+async def test_a_no_resource_action_runs_and_reports_its_times(tg: AsyncClient) -> None:
+    r = await tg.ping()
+    assert r.outcome == "succeeded" and r.kind == "noop"
+    assert 0 <= r.queue_s < 1.0 and r.exec_s == 0.0 and r.act_s < 1.0
+
+
+async def test_exec_files_and_outcomes_in_a_real_sandbox(tg: AsyncClient) -> None:
+    env = await tg.create_env(memory="256MiB")
+    await env.write_file("sol.py", "import sys\nprint(sum(map(int, sys.argv[1:])))\n")
+    r = await env.exec("python3 sol.py 2 3 4")
+    assert (r.outcome, r.exit_code, r.stdout.strip()) == ("succeeded", 0, "9")
+    assert r.exec_s > 0 and r.queue_s >= 0 and r.overhead_s >= 0 and r.node_id == "local/cpu"
+    await env.exec("echo state > kept.txt")
+    assert (await env.read_file("kept.txt")) == b"state\n"  # state persists across actions
+    failed = await env.exec("exit 3")
+    assert (failed.outcome, failed.exit_code) == ("failed", 3)
+    slow = await env.exec("sleep 5", timeout_s=0.5)
+    assert slow.outcome == "timed_out"
+    await env.release()
+
+
+async def test_an_elastic_action_gets_exactly_the_dop_the_decision_named(tg: AsyncClient) -> None:
+    env = await tg.create_env(memory="256MiB")
+    r = await env.exec("echo $TANGRAM_DOP $(nproc)", cpu=Elastic(1, 2, serial_fraction=0.0))
+    dop_env, nproc = map(int, r.stdout.split())
+    assert r.ok and r.dop == dop_env == nproc  # the decision, the variable and the cpuset agree
+    assert 1 <= r.dop <= 2
+    fixed = await env.exec("echo $TANGRAM_DOP $(nproc)", cpu=1)
+    assert fixed.stdout.split() == ["1", "1"] and fixed.dop == 1
+    await env.release()
+
+
+async def test_a_session_keeps_shell_state_and_its_commands_are_actions(tg: AsyncClient) -> None:
+    env = await tg.create_env(memory="256MiB")
+    async with await env.session() as s:
+        await s.run("cd /tmp && export GREETING=hi")
+        r = await s.run("echo $GREETING $(pwd) $TANGRAM_DOP")
+        assert r.ok and r.stdout.split() == ["hi", "/tmp", "1"] and r.dop == 1
+    await env.release()
+
+
+async def test_bad_input_names_the_field_and_queues_nothing(tg: AsyncClient) -> None:
+    with pytest.raises(SpecError, match="image"):
+        await tg.create_env(image="ubuntu:22.04")
+    with pytest.raises(SpecError, match="cpu.min"):
+        Elastic(3, 2)
+    with pytest.raises(SpecError, match="name"):
+        await tg.call("reward/nothing", {})
+    with pytest.raises(SpecError, match="memory"):
+        await tg.create_env(memory="lots")
+    assert len(tg.transport.controller.store) == 0  # type: ignore[attr-defined]
+
+
+async def test_a_sandbox_that_fails_to_start_is_an_error_not_a_hang(tg: AsyncClient) -> None:
+    with pytest.raises(EnvFailedError, match="sandbox_id"):
+        await asyncio.wait_for(tg.create_env(env_id="bad id/with slash"), 10)
+    state = tg.transport.controller.loop.state  # type: ignore[attr-defined]
+    assert "bad id/with slash" not in state.envs  # the core freed it
+
+
+async def test_releasing_an_env_ends_its_running_and_queued_actions(tg: AsyncClient) -> None:
+    env = await tg.create_env(memory="256MiB")
+    # Two cores: two one-core sleeps run, the rest wait in the queue.
+    tasks = [asyncio.create_task(env.exec("sleep 30", cpu=1, timeout_s=60)) for _ in range(4)]
+    await asyncio.sleep(1.0)
+    await env.release()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    assert {r.outcome for r in results} <= {"cancelled", "error"}, [(r.outcome, r.cause) for r in results]
+    assert all(r.cause for r in results)
+
+
+async def test_closing_the_client_during_calls_cancels_them() -> None:
+    tg = await arl_tangram.connect()
+    env = await tg.create_env(memory="256MiB")
+    running = asyncio.create_task(env.exec("sleep 30", timeout_s=60))
+    await asyncio.sleep(0.5)
+    await asyncio.wait_for(tg.aclose(), 20)
+    r = await asyncio.wait_for(running, 5)
+    assert r.outcome == "cancelled"
+
+
+async def test_cancelling_the_caller_stops_the_action(tg: AsyncClient) -> None:
+    env = await tg.create_env(memory="256MiB")
+    call = asyncio.create_task(env.exec("sleep 30; echo never > out.txt", timeout_s=60))
+    await asyncio.sleep(0.5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    r = await env.exec("sleep 0.5; ls")  # the env still works; the cancelled command never wrote
+    assert r.ok and "out.txt" not in r.stdout
+    controller = tg.transport.controller  # type: ignore[attr-defined]
+    assert not controller.loop.state.running
+    await env.release()
+
+
+async def test_concurrent_create_exec_session_release_each_end_defined() -> None:
+    async with arl_tangram.connect() as tg:
+        async def life(i: int) -> list[str]:
+            env = await tg.create_env(memory="128MiB")
+            outcomes = []
+            session = await env.session()
+            both = await asyncio.gather(env.exec(f"echo {i}"), session.run("echo s"), return_exceptions=True)
+            outcomes += [b.outcome if not isinstance(b, BaseException) else type(b).__name__ for b in both]
+            late = asyncio.create_task(env.exec("sleep 10", timeout_s=30))
+            await asyncio.sleep(0.05 * (i % 3))
+            await env.release()
+            r = await late
+            outcomes.append(r.outcome)
+            return outcomes
+
+        results = await asyncio.wait_for(asyncio.gather(*(life(i) for i in range(6))), 60)
+    for outcomes in results:
+        assert outcomes[:2] == ["succeeded", "succeeded"], outcomes
+        assert outcomes[2] in ("cancelled", "error"), outcomes
+
+
+async def test_api_calls_are_paced_under_the_providers_limit_and_429s_never_leak() -> None:
+    with serve_provider(rps=5.0, burst=1.0) as provider:
+        config = TangramConfig(providers=(ProviderConfig("search", provider.base_url, ("test-key-0",), rate_per_s=4.0, max_concurrency=2),))
+        async with arl_tangram.connect(config=config) as tg:
+            results = await asyncio.gather(*(tg.call("api/search", {"q": f"q{i}"}) for i in range(12)))
+            assert all(r.ok and r.exit_code == 200 for r in results), [(r.outcome, r.cause) for r in results]
+            assert results[0].output["echo"] == {"q": "q0"}
+            assert max(r.queue_s for r in results) > 1.0  # the quota made them wait, in the queue
+        assert provider.total_429s() == 0
+
+
+async def test_a_provider_that_is_down_ends_the_call_as_an_error() -> None:
+    with serve_provider(rps=100.0) as provider:
+        config = TangramConfig(providers=(ProviderConfig("search", provider.base_url, ("test-key-0",), max_retries=1, backoff_base_s=0.05),))
+        async with arl_tangram.connect(config=config) as tg:
+            provider.set_mode("503")
+            r = await asyncio.wait_for(tg.call("search", {"q": "x"}, timeout_s=10), 20)
+            assert r.outcome in ("error", "failed") and (r.cause or r.exit_code == 503)
+
+
+def test_the_synchronous_client() -> None:
+    with arl_tangram.client.Client() as tg:
+        assert tg.ping().ok
+        with tg.create_env(memory="128MiB") as env:
+            env.write_file("a.txt", "x")
+            assert env.exec("cat a.txt").stdout == "x"
