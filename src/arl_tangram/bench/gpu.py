@@ -4,15 +4,17 @@ Measures, on CUDA when torch sees it and on a CPU device with a memory budget ot
 - ``raw_copy_gbps``: one plain host -> device copy of a buffer the size of the model into a
   preallocated device buffer (pinned source on CUDA): the physical limit of a swap-in;
 - ``swap_in_gbps`` / ``swap_in_s``: the manager's real swap-in path for the same model
-  (allocate blocks, copy, re-point the module), timed around ``GpuManager.prefetch``;
+  (reserve an extent, copy, build the replica's module), timed around ``GpuManager.load``;
 - ``cold_load_s``: build the module and load its safetensors from disk (the files dropped from
   the page cache first), weights materialised on the device (``from_pretrained`` + ``.to``);
-- ``fragmentation_largest_free_ratio``: largest free buddy block / total free on the real
-  allocator during load/evict churn with realistic model sizes (80 GiB device, 2 MiB blocks);
-  ``fragmentation.largest_free_extent_ratio`` counts adjacent free blocks as one hole; the
-  churn places like the manager (relocate idle blocks before evicting; per compaction mode);
+- ``fragmentation_largest_free_extent_ratio``: largest free extent / total free bytes during a
+  load/evict churn that drives the real manager with realistic model shapes, scaled down
+  (``gpu_fragmentation``); ``fragmentation_largest_free_ratio`` is kept as the same figure
+  (there are no buddy blocks any more: extents are exact);
+- ``loop_stall_p99_ms`` and ``resident_call_slowdown_during_swaps`` (``gpu_stall``);
 - ``mopd``: 9 generated teachers under a skewed trace; static = every teacher resident in its
-  own memory (never swaps), tangram = one budget that holds 3 teachers, with EoE.
+  own memory (never swaps), tangram = one budget that holds 3 teachers, with the standalone
+  wrapper's LRU Evict-on-Execution.
 Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
 """
 
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from arl_tangram.bench import gpu_fragmentation
+from arl_tangram.bench import gpu_fragmentation, gpu_stall
 
 ASSUMPTIONS = {
     "mopd_trace": "closed loop, one request at a time; teacher drawn from Zipf(s) over a seeded "
@@ -40,11 +42,13 @@ ASSUMPTIONS = {
     "cold_load": "the model's files are dropped from the page cache (posix_fadvise DONTNEED) before "
     "each timed load; cold_load_page_cache_s is the same load with the files cached",
     "fragmentation": "bf16 Qwen2.5-shaped models 0.5B-14B plus MiniLM-sized rewards on an 80 GiB "
-    "arena with 2 MiB blocks; Zipf(1.1) popularity, LRU eviction; mean over churn steps. "
-    "Headline = compaction 'eager' (the manager's default on CUDA); per-mode figures in "
-    "fragmentation.modes. A buddy block is a power of two, so largest block / free can never "
-    "exceed largest power of two <= free / free (largest_free_block_ratio_bound)",
+    "arena with 2 MiB granules, scaled down by fragmentation.scale, on the real manager; "
+    "Zipf(1.1) popularity, the bench evicts LRU replicas until the free bytes suffice; mean over "
+    "churn steps. Headline = 'eager' (the policy compacts after evicting); on_demand beside it",
+    "loop_stall": "10-ms asyncio heartbeat while a thread alternates two --swap-mb services that "
+    "cannot both be resident; a small resident teacher called with run_async every 20 ms",
 }
+
 
 def _log(message: str) -> None:
     print(f"[bench gpu] {message}", file=sys.stderr, flush=True)
@@ -66,7 +70,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mopd-requests", type=int, default=300)
     parser.add_argument("--mopd-tokens", type=int, default=128)
     parser.add_argument("--zipf", type=float, default=1.5, help="skew of the MOPD trace")
-    parser.add_argument("--churn-steps", type=int, default=3000)
+    parser.add_argument("--churn-steps", type=int, default=1500)
+    parser.add_argument("--churn-scale", type=int, default=256, help="size divisor of the churn")
+    parser.add_argument(
+        "--swap-mb", type=float, default=1024, help="size of each stall-test service"
+    )
+    parser.add_argument(
+        "--stall-s", type=float, default=10.0, help="churn seconds of the stall test"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--torch-threads",
@@ -99,7 +110,12 @@ def _device_spec(args: argparse.Namespace, name: str, budget_bytes: int) -> Any:
     from arl_tangram.managers.gpu.devices import DeviceSpec, cuda_available
 
     if cuda_available() and not args.cpu:
-        return DeviceSpec(name.replace("dev", "cuda:0/"), "cuda:0", "cuda", budget_bytes, "cuda")
+        import torch
+
+        index = int(name.removeprefix("dev")) % torch.cuda.device_count()  # spread over GPUs
+        return DeviceSpec(
+            name.replace("dev", "cuda:"), f"cuda:{index}", "cuda", budget_bytes, "cuda"
+        )
     return DeviceSpec(name.replace("dev", "cpu:"), "cpu", "cpu", budget_bytes, "host memory arena")
 
 
@@ -171,16 +187,17 @@ def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, 
     raw = _raw_copier(torch, device, payload)
     with GpuManager([spec]) as manager:
         manager.register_folder("model", folder, "logprobs")
+        manager.load("model", "model", [0])
 
         def swap() -> float:
             manager.evict("model")
             started = time.perf_counter()
-            manager.prefetch("model")
+            manager.load("model", "model", [0])
             return time.perf_counter() - started
 
         raw(), swap()  # warm-up
         pairs = [(raw(), swap()) for _ in range(args.repeats)]  # interleaved: same noise for both
-        footprint = manager.status()["services"]["model"]["footprint_bytes"]
+        footprint = manager.footprint_bytes("model", 1)
     raw_s = statistics.median(p[0] for p in pairs)
     swap_s = statistics.median(p[1] for p in pairs)
     _log(f"{payload / 1e6:.0f} MB: raw copy {raw_s * 1e3:.2f} ms, swap-in {swap_s * 1e3:.2f} ms")
@@ -201,28 +218,11 @@ def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, 
     }
 
 
-def _relocate_bps(args: argparse.Namespace, nbytes: int) -> float:
-    """Bytes/s of ``DeviceArena.copy_within`` (the relocation copy) for one ``nbytes`` block."""
-    from arl_tangram.managers.gpu.arena import DeviceArena
-
-    arena = DeviceArena(_device_spec(args, "dev0", 2 * nbytes), 2 << 20)
-
-    def relocate() -> float:
-        started = time.perf_counter()
-        arena.copy_within([(nbytes, 0, nbytes)])
-        return time.perf_counter() - started
-
-    seconds = _median_s(args.repeats, relocate)
-    arena.close()
-    return nbytes / seconds
-
-
 def measure_fragmentation(args: argparse.Namespace) -> dict[str, Any]:
-    """Churn under each compaction mode (``gpu_fragmentation``); relocation seconds are
-    modelled as bytes moved / the measured ``copy_within`` rate."""
-    bps = _relocate_bps(args, int(args.model_mb * 1e6) // (2 << 20) * (2 << 20) or 2 << 20)
-    out = gpu_fragmentation.measure(args.seed, args.churn_steps, bps)
-    _log(f"fragmentation: {json.dumps({m: round(f['largest_free_block_ratio'], 3) for m, f in out['modes'].items()})}")
+    """Churn on the real manager under each mode (``gpu_fragmentation``)."""
+    out = gpu_fragmentation.measure(args.seed, args.churn_steps, args.churn_scale)
+    ratios = {m: round(f["largest_free_extent_ratio"], 3) for m, f in out["modes"].items()}
+    _log(f"fragmentation (largest free extent / free): {json.dumps(ratios)}")
     return out
 
 
@@ -236,6 +236,7 @@ def _trace(args: argparse.Namespace, num_teachers: int) -> list[tuple[int, list[
 
 
 def _run_trace(manager: Any, trace: list[tuple[int, list[int]]]) -> list[float]:
+    """Closed loop through the standalone wrapper (it places and evicts by LRU)."""
     latencies = []
     for teacher, tokens in trace:
         started = time.perf_counter()
@@ -245,7 +246,7 @@ def _run_trace(manager: Any, trace: list[tuple[int, list[int]]]) -> list[float]:
 
 
 def measure_mopd(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    from arl_tangram.managers.gpu import GpuManager
+    from arl_tangram.managers.gpu import GpuManager, StandaloneGpuManager
     from arl_tangram.managers.gpu.models import generate_causal_lm
 
     folders = [
@@ -253,10 +254,9 @@ def measure_mopd(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
         for i in range(9)
     ]
     with GpuManager([_device_spec(args, "dev0", 1 << 30)]) as probe:
-        footprint = max(
-            probe.register_folder(f"p{i}", f, "logprobs").footprint_bytes
-            for i, f in enumerate(folders)
-        )
+        for i, folder in enumerate(folders):
+            probe.register_folder(f"p{i}", folder, "logprobs")
+        footprint = max(probe.footprint_bytes(f"p{i}", 1) for i in range(len(folders)))
     trace = _trace(args, len(folders))
     setups = {
         "static": [_device_spec(args, f"dev{i}", footprint) for i in range(len(folders))],
@@ -264,14 +264,14 @@ def measure_mopd(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     }
     out: dict[str, Any] = {}
     for label, specs in setups.items():
-        with GpuManager(specs) as manager:
+        with StandaloneGpuManager(specs) as manager:
             for i, folder in enumerate(folders):
                 manager.register_folder(f"teacher{i}", folder, "logprobs")
             for i in range(len(folders)):  # deployment warm-up, not timed
                 manager.call_sync(f"teacher{i}", {"tokens": [1, 2, 3]})
-            before = sum(s["num_swap_ins"] for s in manager.status()["services"].values())
+            before = sum(manager.num_loads.values())
             latencies = _run_trace(manager, trace)
-            swaps = sum(s["num_swap_ins"] for s in manager.status()["services"].values()) - before
+            swaps = sum(manager.num_loads.values()) - before
             out[f"{label}_p50_ms"] = statistics.median(latencies)
             out[f"{label}_p90_ms"] = statistics.quantiles(latencies, n=10)[-1]
             out[f"{label}_mean_ms"] = statistics.fmean(latencies)
@@ -293,7 +293,9 @@ def _targets(result: dict[str, Any]) -> dict[str, bool]:
     return {
         "swap_efficiency>=0.8": result["swap_efficiency"] >= 0.8,
         "swap_vs_cold>=10": result["swap_vs_cold"] >= 10,
-        "fragmentation>=0.9": result["fragmentation_largest_free_ratio"] >= 0.9,
+        "fragmentation_extent>=0.9": result["fragmentation_largest_free_extent_ratio"] >= 0.9,
+        "loop_stall_p99_ms<=5": result["loop_stall_p99_ms"] <= 5,
+        "resident_call_slowdown<=1.5": result["resident_call_slowdown_during_swaps"] <= 1.5,
         "tangram_bytes<=static/3": mopd["tangram_device_bytes"] * 3 <= mopd["static_device_bytes"],
         "tangram_p50<=1.25*static_p50": mopd["tangram_p50_ms"] <= 1.25 * mopd["static_p50_ms"],
     }
@@ -311,8 +313,10 @@ def _print_table(result: dict[str, Any]) -> None:
         ("swap vs cold", f"{result['swap_vs_cold']:.1f}x"),
         (
             "fragmentation",
-            f"{result['fragmentation_largest_free_ratio']:.3f} (largest free block / free)",
+            f"{result['fragmentation_largest_free_extent_ratio']:.3f} (largest free extent / free)",
         ),
+        ("loop stall p99", f"{result['loop_stall_p99_ms']:.2f} ms"),
+        ("resident call slowdown", f"{result['resident_call_slowdown_during_swaps']:.2f}x"),
         (
             "mopd static",
             f"p50 {mopd['static_p50_ms']:.2f} ms, {mopd['static_device_bytes'] / 1e6:.1f} MB",
@@ -353,8 +357,21 @@ def main(argv: list[str]) -> int:
     result.update(measure_copy_swap_cold(args, folder))
     _log("fragmentation churn")
     fragmentation = measure_fragmentation(args)
-    result["fragmentation_largest_free_ratio"] = fragmentation["largest_free_block_ratio"]
+    result["fragmentation_largest_free_extent_ratio"] = fragmentation["largest_free_extent_ratio"]
+    result["fragmentation_largest_free_ratio"] = fragmentation["largest_free_extent_ratio"]
     result["fragmentation"] = fragmentation
+    _log(f"loop stall: two {args.swap_mb:.0f} MB services alternating for {args.stall_s:.0f} s")
+    small = generate_causal_lm(cache, int(args.teacher_mb * 1e6), seed=100, dtype=args.dtype)
+    stall = gpu_stall.measure(
+        _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), args.stall_s
+    )
+    _log(
+        f"loop stall p99 {stall['loop_stall_p99_ms']:.2f} ms, slowdown {stall['resident_call_slowdown_during_swaps']:.2f}"
+    )
+    result.update(
+        {k: stall[k] for k in ("loop_stall_p99_ms", "resident_call_slowdown_during_swaps")}
+    )
+    result["loop_stall"] = stall
     _log("mopd: 9 teachers")
     result["mopd"] = measure_mopd(args, cache)
     result["targets"] = _targets(result)

@@ -28,7 +28,13 @@ def test_bench_prints_one_json_object_with_the_required_keys(
         "--mopd-tokens",
         "16",
         "--churn-steps",
-        "200",
+        "150",
+        "--churn-scale",
+        "4096",
+        "--swap-mb",
+        "16",
+        "--stall-s",
+        "1",
         "--cache-dir",
         str(model_cache),
         "--cpu",
@@ -44,6 +50,9 @@ def test_bench_prints_one_json_object_with_the_required_keys(
         "swap_in_s",
         "swap_vs_cold",
         "fragmentation_largest_free_ratio",
+        "fragmentation_largest_free_extent_ratio",
+        "loop_stall_p99_ms",
+        "resident_call_slowdown_during_swaps",
     ):
         assert isinstance(result[key], (int, float, str)), key
     mopd = result["mopd"]
@@ -51,4 +60,5 @@ def test_bench_prints_one_json_object_with_the_required_keys(
         assert mopd[key] > 0, key
     assert mopd["tangram_device_bytes"] * 3 == mopd["static_device_bytes"]
     assert mopd["static_swap_ins"] == 0 and mopd["tangram_swap_ins"] > 0
-    assert 0 < result["fragmentation_largest_free_ratio"] <= 1
+    assert 0 < result["fragmentation_largest_free_extent_ratio"] <= 1
+    assert result["loop_stall_p99_ms"] >= 0 and result["resident_call_slowdown_during_swaps"] > 0
