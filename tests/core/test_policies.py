@@ -494,3 +494,52 @@ def test_node_lost_drops_its_envs_and_actions() -> None:
     # the surviving node still schedules
     r = d.step([ActionSubmitted(make_action("c", env="e1"))], now=2.0)
     assert [s.action_id for s in of_type(r.decisions, StartAction)] == ["c"]
+
+
+def _quiet_moment(opportunity_cost: bool) -> int:
+    """8 envs on a 16-core node; four test runs started at once, three finish, one new arrives.
+
+    The pool's busy share (2 of 8 envs in flight) says the node should expect 2 elastic
+    actions in flight: the newcomer gets half the node, not all 12 free cores."""
+    d = Driver.of("elastic", make_cluster(cores=16), opportunity_cost=opportunity_cost)
+    for i in range(8):
+        d.add_ready_env(make_env(f"e{i}"))
+    r = d.step([ActionSubmitted(make_action(f"a{i}", env=f"e{i}", dop_max=16, serial_fraction=0.5, t_ori_s=8.0)) for i in range(4)])
+    assert {s.action_id: s.dop for s in of_type(r.decisions, StartAction)} == {"a0": 4, "a1": 4, "a2": 4, "a3": 4}
+    d.finish("a0", "a1", "a2", now=1.0)
+    r = d.step([ActionSubmitted(make_action("late", env="e4", dop_max=16, serial_fraction=0.5, t_ori_s=8.0))], now=1.5)
+    (start,) = of_type(r.decisions, StartAction)
+    return int(start.dop)
+
+
+def test_elastic_keeps_cores_for_expected_arrivals() -> None:
+    assert _quiet_moment(opportunity_cost=True) == 8
+    assert _quiet_moment(opportunity_cost=False) == 12
+
+
+def test_elastic_without_idle_envs_lets_the_present_compete_exactly() -> None:
+    # Every env is in flight: nobody else can arrive, so deferral may give one all the cores.
+    d = Driver.of("elastic", make_cluster(cores=8))
+    d.add_ready_env(make_env("e0"))
+    d.add_ready_env(make_env("e1"))
+    r = d.step([ActionSubmitted(make_action(x, env=e, dop_max=8, serial_fraction=0.0, t_ori_s=8.0)) for x, e in (("a", "e0"), ("b", "e1"))])
+    (start,) = of_type(r.decisions, StartAction)
+    assert (start.action_id, start.dop) == ("a", 8) and "capped" not in start.reason
+
+
+def test_one_policy_instance_serves_two_loops() -> None:
+    """No per-round state on the policy: interleaving two drivers on one instance gives each
+    the decisions it gets alone."""
+    from arl_tangram.core.policies.elastic import FixedDopPolicy
+
+    def run(shared: FixedDopPolicy | None) -> list[list[tuple[str, int]]]:
+        out = []
+        drivers = [Driver.of(shared or FixedDopPolicy(dop=16), make_cluster(cores=c)) for c in (4, 32)]
+        for d in drivers:
+            d.add_ready_env(make_env("e0"))
+        for d in drivers:
+            r = d.step([ActionSubmitted(make_action("a", env="e0", dop_max=32, serial_fraction=0.0))])
+            out.append([(s.action_id, s.dop) for s in of_type(r.decisions, StartAction)])
+        return out
+
+    assert run(FixedDopPolicy(dop=16)) == [[("a", 4)], [("a", 16)]]

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import fields
 from typing import Any
 
 from arl_tangram.sim.experiments import PAPER_CPU_NODES, RunSpec, run_all
@@ -30,11 +29,11 @@ MARGIN_SLACK = 1.01  # elastic "beats" the best fixed DoP when within 1% of it (
 
 def settings(seeds: int) -> list[tuple[str, dict[str, Any], int]]:
     """(name, workload params, seed) for every setting: seeds at defaults, then perturbations at seed 1."""
-    defaults = {f.name: f.default for f in fields(CodingParams)}
+    defaults = CodingParams().describe()
     out: list[tuple[str, dict[str, Any], int]] = [(f"seed-{s}", {"batch": CODING_BATCH}, s) for s in range(1, seeds + 1)]
     for name in PERTURBED:
         for factor in FACTORS:
-            value = defaults[name] * factor
+            value = float(defaults[name]) * factor  # type: ignore[arg-type]
             if name == "test_fraction":
                 value = min(1.0, value)
             out.append((f"{name}x{factor:g}", {"batch": CODING_BATCH, name: value}, 1))

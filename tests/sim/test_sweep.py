@@ -1,0 +1,80 @@
+"""The sweep's settings and figures, and the paper summary's new keys, on literal rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from arl_tangram.sim import paper, sweep
+
+
+def test_settings_cover_every_parameter_both_ways_and_the_seeds() -> None:
+    names = [n for n, _, _ in sweep.settings(5)]
+    assert names[:5] == [f"seed-{s}" for s in range(1, 6)]
+    assert len(names) == 5 + 2 * len(sweep.PERTURBED)
+    wp = dict((n, w) for n, w, _ in sweep.settings(5))
+    assert wp["think_mean_sx0.5"]["think_mean_s"] == pytest.approx(0.5 * 2.3)
+    assert wp["test_fractionx2"]["test_fraction"] == pytest.approx(0.8)
+
+
+def test_every_setting_runs_every_system_and_only_elastic_gets_the_bound() -> None:
+    specs = sweep.specs_for("seed-1", {"batch": 1280}, 1)
+    assert [s.label for s in specs] == [
+        "elastic", "fixed-dop-4", "fixed-dop-8", "fixed-dop-16", "fixed-dop-32",
+        "k8s-static", "k8s-static+control-plane", "ideal",
+    ]
+    assert [s.bound for s in specs] == [True] + [False] * 7
+    assert {s.cpu_nodes for s in specs} == {15}
+
+
+def _row(label: str, act: float, step: float = 10.0, **extra: Any) -> dict[str, Any]:
+    return {"experiment": "s", "label": label, "act": {"mean_s": act}, "step_s": step, "env_busy_fraction": 0.47, **extra}
+
+
+def _rows(elastic: float, fixed16: float) -> list[dict[str, Any]]:
+    return [
+        _row("elastic", elastic, 8.0, bound={"mean_s": 0.8, "ideal_mean_s": 0.7}),
+        _row("fixed-dop-4", 2.0), _row("fixed-dop-8", 1.2), _row("fixed-dop-16", fixed16), _row("fixed-dop-32", 1.1),
+        _row("k8s-static", 3.0, 12.0), _row("k8s-static+control-plane", 5.0, 20.0), _row("ideal", 0.7),
+    ]
+
+
+def test_setting_figures_margin_against_the_best_fixed_dop() -> None:
+    f = sweep.setting_figures(_rows(0.9, 0.95))
+    assert f["best_fixed_dop"] == 16
+    assert f["margin_vs_best_fixed"] == pytest.approx(0.95 / 0.9)
+    assert f["elastic_beats_all_fixed"]
+    assert f["bound_ratio"] == pytest.approx(0.9 / 0.8)
+    assert f["step_gain"] == pytest.approx(12.0 / 8.0)
+    lost = sweep.setting_figures(_rows(1.0, 0.95))
+    assert not lost["elastic_beats_all_fixed"]  # 1.0 > 1.01 x 0.95
+
+
+def test_summary_keys_and_values() -> None:
+    per = {"seed-1": sweep.setting_figures(_rows(0.9, 0.95)), "seed-2": sweep.setting_figures(_rows(1.0, 0.95))}
+    s = sweep.summarize(per)
+    assert s["elastic_beats_all_fixed_fraction"] == 0.5
+    assert s["headline_margin_vs_best_fixed"] == pytest.approx(0.95 / 0.9)
+    assert s["coding_bound_ratio"] == pytest.approx(0.9 / 0.8)
+    assert s["step_gain_min_over_seeds"] == pytest.approx(1.5)
+    assert s["settings_missed"] == ["seed-2"]
+
+
+def test_paper_batch_growth_names_the_sizing_nearer_the_paper() -> None:
+    out = paper._batch_growth({"256": 2.0, "1536": 4.0}, {"256": 1.4, "1536": 7.6})
+    assert out["coding_gain_growth_pods_for_default_batch"] == pytest.approx(2.0)
+    assert out["coding_gain_growth_pods_for_smallest_batch"] == pytest.approx(7.6 / 1.4)
+    assert out["coding_gain_growth_nearer_paper"] == "pods-for-smallest-batch"
+
+
+def test_paper_runs_fixed_dops_and_seeds_at_the_headline_scale() -> None:
+    specs = paper.coding_specs()
+    fixed = [s for s in specs if s.experiment == "coding-fixed-dop"]
+    assert sorted(s.policy_params["dop"] for s in fixed) == [4, 8, 16, 32]
+    assert {(s.cpu_nodes, s.workload_params["batch"]) for s in fixed} == {(15, 1280)}
+    seeds = {s.seed for s in specs if s.experiment == "coding-seeds"}
+    assert seeds == {2, 3, 4, 5}
+    small = [s for s in specs if s.label == "k8s-static-pods-for-smallest-batch"]
+    assert len(small) == len(paper.SWEEP_BATCHES)
+    assert {s.policy_params["pod_millicores"] for s in small} == {paper.pod_millicores(256)}
