@@ -12,7 +12,7 @@ import pytest
 import arl_tangram
 from arl_tangram.client import AsyncClient, Elastic, SpecError
 from arl_tangram.managers.api.config import ProviderConfig
-from arl_tangram.runtime.config import TangramConfig
+from arl_tangram.runtime.config import GpuConfig, SchedulerConfig, TangramConfig
 from arl_tangram.runtime.controller import EnvFailedError
 from tests.managers.api.provider_server import serve_provider
 
@@ -167,3 +167,31 @@ def test_the_synchronous_client() -> None:
         with tg.create_env(memory="128MiB") as env:
             env.write_file("a.txt", "x")
             assert env.exec("cat a.txt").stdout == "x"
+
+
+async def test_a_real_reward_model_served_as_a_gpu_service() -> None:
+    from arl_tangram.managers.gpu.models import minilm_path
+
+    config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
+    async with arl_tangram.connect(config=config) as tg:
+        await tg.register_service("reward/minilm", handler="score", folder=str(minilm_path()))
+        same, other = await asyncio.gather(
+            tg.call("reward/minilm", {"a": "The cat sat on the mat.", "b": "A cat was sitting on the mat."}),
+            tg.call("reward/minilm", {"a": "The cat sat on the mat.", "b": "Quarterly revenue rose by four percent."}),
+        )
+        assert same.ok and other.ok, (same.cause, other.cause)
+        assert same.output["score"] > other.output["score"]
+        assert same.node_id == "local/gpu" and same.dop == 1
+        bad = await tg.call("reward/minilm", {"a": "only one side"})
+        assert bad.outcome == "error" and "b" in (bad.cause or "")
+        state = tg.transport.controller.loop.state  # type: ignore[attr-defined]
+        assert [r.service for r in state.replicas.values()] == ["reward/minilm"]  # the core placed it
+
+
+async def test_a_pod_style_holding_runs_actions_within_a_real_limit() -> None:
+    config = TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": 1000}))
+    async with arl_tangram.connect(config=config) as tg:
+        env = await tg.create_env(memory="128MiB")
+        r = await env.exec("echo $TANGRAM_DOP $(nproc)")
+        assert r.ok and r.stdout.split() == ["1", "1"], (r.outcome, r.cause, r.stdout)
+        await env.release()
