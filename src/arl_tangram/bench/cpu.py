@@ -3,17 +3,23 @@
 Measures on this host, with real sandboxes: cold sandbox creation, one grant + reclaim
 (Allocate-on-Execution resize) against a restart with new limits, entering a sandbox to run
 ``true``, how closely a busy action's CPU matches its grant, and the CPU and memory that idle
-sandboxes (each with a background busy loop) cost. Progress goes to stderr; ``--json`` prints
+sandboxes (each with a background busy loop) cost, and hardening: destroy of a sandbox
+holding 500 busy tasks, what a ``kill -9`` of a manager leaves, and processes left by actions
+that fork a background child. Progress goes to stderr; ``--json`` prints
 exactly one JSON object on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,6 +28,22 @@ from arl_tangram.managers.cpu.manager import CpuManager
 
 BUSY = "for i in 1 2 3; do timeout {s} sh -c 'while :; do :; done' & done; wait"
 IDLE_LOOP = "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &"
+_CRASHER = textwrap.dedent(
+    """
+    import threading, time
+    from arl_tangram.managers.cpu import CpuManager, CpuManagerConfig, SandboxSpec
+    spec = SandboxSpec(mem_bytes=128 << 20, pids_max=64, workspace_bytes=8 << 20, tmp_bytes=8 << 20)
+    mgr = CpuManager(CpuManagerConfig(default_spec=spec))
+    for _ in range(10):
+        sid = mgr.create_sandbox()
+        mgr.exec(sid, "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", background=True)
+        threading.Thread(target=mgr.exec, args=(sid, "while :; do :; done"), kwargs={"timeout_s": 600}, daemon=True).start()
+    time.sleep(0.5)
+    pids = sorted({p for sid in mgr.list_sandboxes() for p in mgr.driver.sandbox_pids(mgr.get_sandbox(sid).group)})
+    print(mgr.root_name, *pids, flush=True)
+    time.sleep(600)
+    """
+)
 SPEC = SandboxSpec(mem_bytes=256 << 20, pids_max=64, workspace_bytes=64 << 20, tmp_bytes=16 << 20)
 
 
@@ -66,7 +88,8 @@ def bench_create(mgr: CpuManager, n: int) -> dict[str, float]:
 def bench_resize_restart(mgr: CpuManager, n_resize: int, n_restart: int) -> dict[str, float]:
     _progress(f"resize (grant + reclaim) x{n_resize}, restart x{n_restart}")
     sid = mgr.create_sandbox(SPEC)
-    resize_s = [_timed(lambda n=1 + i % 2: mgr.reclaim(mgr.grant(sid, n))) for i in range(n_resize)]  # type: ignore[misc]
+    cores = min(2, len(mgr.topology.cpus))
+    resize_s = [_timed(lambda n=1 + i % cores: mgr.reclaim(mgr.grant(sid, n))) for i in range(n_resize)]  # type: ignore[misc]
     mgr.destroy_sandbox(sid)
     restart_s = []
     sid = mgr.create_sandbox(SPEC)
@@ -144,9 +167,69 @@ def bench_idle(mgr: CpuManager, n_busy: int, n_total: int, seconds: float) -> di
     }  # fmt: skip
 
 
+def bench_destroy_busy(mgr: CpuManager, n_tasks: int) -> dict[str, float]:
+    _progress(f"destroy of an idle sandbox holding {n_tasks} busy tasks")
+    sid = mgr.create_sandbox(SandboxSpec(mem_bytes=1 << 30, pids_max=n_tasks + 64, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
+    r = mgr.exec(sid, f"for i in $(seq {n_tasks}); do (while :; do :; done) & done", background=True, timeout_s=120)
+    assert r.ok, r
+    t0 = time.perf_counter()
+    mgr.destroy_sandbox(sid)
+    return {"destroy_busy_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def bench_kill9(spec: SandboxSpec, settle_s: float = 10.0) -> dict[str, int]:
+    """kill -9 of a manager process holding 10 busy sandboxes, then a new manager starts:
+    processes + cgroup directories + mounts of the dead manager left after ``settle_s``."""
+    _progress("kill -9 of a manager holding 10 busy sandboxes, then a new manager")
+    child = subprocess.Popen([sys.executable, "-c", _CRASHER], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    root, *pid_text = child.stdout.readline().split()
+    pids = [int(p) for p in pid_text]
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    with CpuManager(CpuManagerConfig(default_spec=spec)):
+        pass
+
+    def left() -> tuple[int, int, int]:
+        dirs = [d for d in glob.glob(f"/sys/fs/cgroup/*/{root}/**", recursive=True) if os.path.isdir(d)]
+        mounts = 0
+        for pid in pids:
+            if _alive(pid):
+                mounts += 1  # its mount namespace lives as long as it does
+        return sum(_alive(p) for p in pids), len(dirs), mounts
+
+    deadline = time.monotonic() + settle_s
+    while sum(left()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs, dirs, mounts = left()
+    return {"leftovers_after_kill9": procs + dirs + mounts, "kill9_procs_seen": len(pids)}
+
+
+def bench_action_leftovers(mgr: CpuManager, n: int) -> dict[str, int]:
+    _progress(f"{n} actions that each fork a background child")
+    sid = mgr.create_sandbox(SPEC)
+    for _ in range(n):
+        assert mgr.exec(sid, "sleep 300 & while :; do :; done & echo $!").ok
+    group = mgr.get_sandbox(sid).group
+    init_slot = set(mgr.driver.slot_pids(group, "init"))
+    left = [p for p in mgr.driver.sandbox_pids(group) if p not in init_slot]
+    mgr.destroy_sandbox(sid)
+    return {"action_leftover_procs": len(left)}
+
+
 TARGETS = {
     "create_p50_ms": ("<=", 30), "resize_p99_us": ("<=", 1000), "exec_true_p50_ms": ("<=", 5),
     "enforce_error": ("<=", 0.10), "idle_cpu_cores": ("<=", 0.02), "idle_mem_mb_per_sandbox": ("<=", 5),
+    "destroy_busy_ms": ("<=", 1000), "leftovers_after_kill9": ("<=", 0), "action_leftover_procs": ("<=", 0),
 }  # fmt: skip
 
 
@@ -182,6 +265,9 @@ def main(argv: list[str]) -> int:
         result.update(bench_exec(mgr, args.execs))
         result.update(bench_enforce(mgr, args.enforce_seconds))
         result.update(bench_idle(mgr, args.idle_sandboxes, max(args.held_sandboxes, args.idle_sandboxes), args.idle_seconds))
+        result.update(bench_destroy_busy(mgr, 500))
+        result.update(bench_action_leftovers(mgr, 100))
+    result.update(bench_kill9(SPEC))
     result["bench_s"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in result.items()}))
