@@ -147,7 +147,7 @@ def bench_idle(mgr: CpuManager, n_busy: int, n_total: int, seconds: float) -> di
     for i in range(n_total):
         sids.append(mgr.create_sandbox(SPEC))
         if i < n_busy:
-            assert mgr.exec(sids[-1], IDLE_LOOP).ok
+            assert mgr.exec(sids[-1], IDLE_LOOP, background=True).ok  # kept past its action on purpose
         if (i + 1) % 100 == 0:
             _progress(f"  {i + 1}/{n_total} sandboxes up")
     time.sleep(0.5)
