@@ -114,7 +114,10 @@ def test_destroy_during_exec_and_session_run_ends_cancelled(manager: CpuManager)
     ]
     for w in workers:
         w.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10  # both runs granted (a loaded host starts threads late)
+    while manager.sandbox_info(sid).granted_millicores < 2000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
     manager.destroy_sandbox(sid)
     for w in workers:
         w.join(10)
