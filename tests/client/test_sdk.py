@@ -186,6 +186,21 @@ async def test_a_real_reward_model_served_as_a_gpu_service() -> None:
         assert bad.outcome == "error" and "b" in (bad.cause or "")
         state = tg.transport.controller.loop.state  # type: ignore[attr-defined]
         assert [r.service for r in state.replicas.values()] == ["reward/minilm"]  # the core placed it
+        # Concurrent calls on one service, then close during them: each ends defined.
+        pair = {"a": "x y z", "b": "x y"}
+        calls = [asyncio.create_task(tg.call("reward/minilm", pair)) for _ in range(12)]
+        await asyncio.sleep(0.05)
+    results = await asyncio.wait_for(asyncio.gather(*calls), 20)
+    assert {r.outcome for r in results} <= {"succeeded", "cancelled"}, [(r.outcome, r.cause) for r in results]
+
+
+async def test_a_model_that_cannot_fit_a_device_is_refused_at_registration() -> None:
+    from arl_tangram.managers.gpu.models import minilm_path
+
+    config = TangramConfig(gpu=GpuConfig(devices=2, device_mem_bytes=64 << 20))  # fits two, not one
+    async with arl_tangram.connect(config=config) as tg:
+        with pytest.raises(SpecError, match="devices_min"):
+            await tg.register_service("reward/minilm", handler="score", folder=str(minilm_path()))
 
 
 async def test_a_pod_style_holding_runs_actions_within_a_real_limit() -> None:
