@@ -52,7 +52,7 @@ from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaPoolSpec
-from arl_tangram.runtime.loop import ControllerLoop, Executor, Round
+from arl_tangram.runtime.loop import ControllerLoop, Executor, ManualClock, Round
 from tests.core.builders import GIB, make_action, make_cluster, make_env, make_service
 
 POLICIES = ["elastic", "k8s-static", "task-pool", "fixed-dop", "ideal"]
@@ -363,14 +363,6 @@ load_st = st.builds(
 )
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def now(self) -> float:
-        return self.now_s
-
-
 @dataclass
 class Harness(Executor):
     """Instant managers on a virtual clock, as the executor of the shared controller loop:
@@ -382,7 +374,7 @@ class Harness(Executor):
     load: Load
     cores: int = 8
     loop: ControllerLoop = field(init=False)
-    clock: _Clock = field(default_factory=_Clock)
+    clock: ManualClock = field(default_factory=ManualClock)
     timers: list[tuple[float, int, Event | str]] = field(default_factory=list)
     seq: itertools.count[int] = field(default_factory=itertools.count)
     submitted: set[str] = field(default_factory=set)

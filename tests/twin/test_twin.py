@@ -45,7 +45,7 @@ from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
-from arl_tangram.runtime.loop import ControllerLoop, Executor, Round
+from arl_tangram.runtime.loop import ControllerLoop, Executor, ManualClock, Round
 from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
 
 SMALL = SandboxSpec(mem_bytes=128 << 20, pids_max=64, workspace_bytes=16 << 20, tmp_bytes=16 << 20)
@@ -61,20 +61,12 @@ TRACE = [
 ]
 
 
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def now(self) -> float:
-        return self.now_s
-
-
 @dataclass
 class Twin(Executor):
     """Drives the trace through a loop on a virtual clock; subclasses do the work."""
 
     cluster: ClusterSpec
-    clock: VirtualClock = field(default_factory=VirtualClock)
+    clock: ManualClock = field(default_factory=ManualClock)
     timers: list[tuple[float, int, object]] = field(default_factory=list)
     seq: Iterator[int] = field(default_factory=itertools.count)
     log: list[tuple[object, ...]] = field(default_factory=list)

@@ -44,6 +44,16 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
 
+class ManualClock:
+    """A virtual clock its driver sets (tests, the twin run); the simulator reads its queue."""
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self.now_s = now_s
+
+    def now(self) -> float:
+        return self.now_s
+
+
 class Executor(abc.ABC):
     """Carries decisions out; one handler per decision kind, dispatched here once.
 
