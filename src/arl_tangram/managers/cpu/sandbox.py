@@ -208,14 +208,8 @@ class Sandbox:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=2.0)
                 problems.append(f"bubblewrap monitor {proc.pid} did not exit by itself")
-        if left:  # launchers stuck: last resort, kill everything including them
-            left = self._driver.kill_sandbox(self.group, spare_host=False)
-            if left:
-                problems.append(f"{left} tasks survived the kill")
-        try:
-            self._driver.remove_sandbox(self.group)
-        except OSError as exc:
-            problems.append(f"cgroups not removed: {exc}")
+        # Launchers stuck (tasks left): last resort, kill everything including them.
+        problems += self._kill_and_remove(kill=bool(left))
         with self.lock:
             if self._pidfd >= 0:
                 os.close(self._pidfd)
@@ -225,10 +219,16 @@ class Sandbox:
 
     def retry_cleanup(self) -> list[str]:
         """Second try for a destroy that left something (called by ``close``)."""
+        return self._kill_and_remove(kill=True)
+
+    def _kill_and_remove(self, *, kill: bool) -> list[str]:
+        """Kill every task of the sandbox's cgroups (host-level ones too) if ``kill``, then
+        remove the cgroups; returns what could not be done."""
         problems = []
-        left = self._driver.kill_sandbox(self.group, spare_host=False)
-        if left:
-            problems.append(f"{left} tasks survived the kill")
+        if kill:
+            left = self._driver.kill_sandbox(self.group, spare_host=False)
+            if left:
+                problems.append(f"{left} tasks survived the kill")
         try:
             self._driver.remove_sandbox(self.group)
         except OSError as exc:
