@@ -222,29 +222,16 @@ class LiveExecutor(Executor):
         raise RuntimeError("no node has an API manager")
 
     def _finish(self, record: ActionRecord, d: StartAction, result: ActionResult, exec_s: float) -> None:
-        now = time.monotonic()
-        started = record.started_s if record.started_s is not None else now
-        queue_s = max(0.0, started - record.submitted_s)
-        act_s = max(0.0, now - record.submitted_s)
-        exec_s = min(max(0.0, exec_s), act_s - queue_s)
-        timed = _with_times(result, queue_s, exec_s, max(0.0, act_s - queue_s - exec_s), d.dop, d.node_id)
+        timed = _timed(record, result, exec_s)
         self.store.complete(d.action_id, timed)
-        self.post(ActionFinished(d.action_id, result.outcome, exec_s or None, stimulus_id=d.stimulus_id))
+        self.post(ActionFinished(d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id))
 
     def reject_action(self, d: RejectAction) -> None:
+        self._stop(d.action_id)  # a running one: the core ended it (its env, replica or node is gone)
         record = self.store.get(d.action_id)
-        task = self.running_tasks.get(d.action_id)
-        if task is not None:  # the core ended a running action (its env, replica or node is gone)
-            self._stop(d.action_id)
-        if record is None:
-            return
-        now = time.monotonic()
-        started = record.started_s
-        queue_s = max(0.0, (started if started is not None else now) - record.submitted_s)
-        self.store.complete(d.action_id, ActionResult(
-            d.action_id, record.spec.kind, d.outcome, queue_s=queue_s,
-            overhead_s=max(0.0, now - record.submitted_s - queue_s), node_id=record.node_id, cause=d.reason,
-        ))  # fmt: skip
+        if record is not None:
+            ended = ActionResult(d.action_id, record.spec.kind, d.outcome, cause=d.reason)
+            self.store.complete(d.action_id, _timed(record, ended, 0.0))
 
     def cancel_action(self, d: CancelAction) -> None:
         self._stop(d.action_id)
@@ -264,11 +251,8 @@ class LiveExecutor(Executor):
     async def aclose(self) -> None:
         """Stop everything in flight; each unfinished action ends ``cancelled``."""
         self.closed = True
-        for flag in list(self.cancels.values()):
-            flag.set()
-        for task in list(self.tasks):
-            if task.get_name().startswith("action:") and not isinstance(self._payload_of(task), ExecPayload):
-                task.cancel()
+        for action_id in list(self.running_tasks):
+            self._stop(action_id)
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         for waiter in [*self.env_waiters.values(), *self.replica_ready.values()]:
@@ -276,10 +260,17 @@ class LiveExecutor(Executor):
                 waiter.set_result("the controller closed")
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _payload_of(self, task: asyncio.Task[Any]) -> object:
-        record = self.store.get(task.get_name().split(":", 1)[1])
-        return None if record is None else record.payload
 
 
-def _with_times(result: ActionResult, queue_s: float, exec_s: float, overhead_s: float, dop: int, node_id: str) -> ActionResult:
-    return replace(result, queue_s=queue_s, exec_s=exec_s, overhead_s=overhead_s, dop=dop, node_id=node_id)
+def _timed(record: ActionRecord, result: ActionResult, exec_s: float) -> ActionResult:
+    """``result`` with the action's completion time split as of now: queue from arrival to
+    start (to now if it never started), the measured execution, the rest as overhead."""
+    now = time.monotonic()
+    started = record.started_s if record.started_s is not None else now
+    queue_s = max(0.0, started - record.submitted_s)
+    act_s = max(0.0, now - record.submitted_s)
+    exec_s = min(max(0.0, exec_s), act_s - queue_s)
+    return replace(
+        result, queue_s=queue_s, exec_s=exec_s, overhead_s=max(0.0, act_s - queue_s - exec_s),
+        dop=record.dop, node_id=record.node_id,
+    )  # fmt: skip
