@@ -7,13 +7,13 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: venv demo test lint sim bench clean system-deps
+.PHONY: venv demo paper test lint sim bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[gpu,cpu,plots,dev]'
+	$(BIN)/pip install -q -e '.[gpu,cpu,plots,service,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -22,7 +22,12 @@ venv: $(STAMP)
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap)
 
-demo: $(STAMP)
+# The main job: real rollout-shaped workloads through ARL-Tangram and the baselines, side by side.
+demo: $(STAMP) system-deps
+	$(BIN)/arl-tangram bench live --quick --report-dir reports/live
+
+# The simulated paper reproduction (paper-scale clusters on a virtual clock).
+paper: $(STAMP)
 	$(BIN)/arl-tangram sim paper --report-dir reports/paper
 
 test: $(STAMP) system-deps

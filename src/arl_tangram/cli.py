@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-BENCHES = ("scheduler", "cpu", "gpu", "overhead")
+BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 
