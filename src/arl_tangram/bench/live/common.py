@@ -78,11 +78,12 @@ class Progress:
 
 @dataclass
 class SystemRun:
-    """One system's run of one workload; per-trajectory lists are in trajectory order.
+    """One system's run of one workload.
 
-    ``act_s`` is each trajectory's action completion time (sum over its actions of queue +
-    exec + overhead); ``queue_s``/``exec_s``/``overhead_s`` are that sum split the same way, per
-    trajectory. ``step_s`` is the batch's wall time, first start to last end.
+    ``act_s`` holds one action completion time per action (the paper's ACT: queue + exec +
+    overhead of one action, as the SDK's ``ActionResult`` splits it); ``queue_s``/``exec_s``/
+    ``overhead_s`` are parallel lists, the same actions in the same order.
+    ``step_s`` is the batch's wall time, first trajectory start to last trajectory end.
     ``core_s_reserved``/``core_s_used`` are CPU core-seconds held for the system vs consumed.
     ``device_bytes`` is peak device memory of the model services; ``leaked_429`` counts
     provider 429s that reached a trajectory. ``extra`` holds workload-specific numbers.
