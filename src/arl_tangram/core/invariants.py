@@ -10,8 +10,9 @@ from collections import defaultdict
 
 from arl_tangram.core.chunks import chunk_mask
 from arl_tangram.core.errors import InvariantError
+from arl_tangram.core.fair_share import share_units
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceVector
-from arl_tangram.core.state import ClusterState
+from arl_tangram.core.state import ClusterState, lane_of
 
 
 def _fail(rule: str) -> None:
@@ -93,6 +94,26 @@ def _check_actions(state: ClusterState) -> None:
             _fail(f"action {run.spec.action_id}: started before it was submitted")
 
 
+def _check_tenant_counts(state: ClusterState) -> None:
+    """The fair share's per-tenant counts agree with the queues and the running set."""
+    queued: dict[tuple[str, str], int] = defaultdict(int)
+    for lane in ("queue_cpu", "queue_service", "queue_api"):
+        for qa in getattr(state, lane).values():
+            queued[(lane, qa.spec.tenant)] += 1
+    if dict(queued) != dict(state.tenant_queued):
+        _fail(f"tenant queue counts {dict(state.tenant_queued)} != the queues' {dict(queued)}")
+    held: dict[tuple[str, str], int] = defaultdict(int)
+    for run in state.running.values():
+        lane = lane_of(run.spec.binding.kind)
+        held[(lane, run.spec.tenant)] += share_units(lane, run.grant)
+    recorded = {k: u.held_units for k, u in state.tenant_held.items() if u.held_units}
+    if {k: v for k, v in held.items() if v} != recorded:
+        _fail(f"tenant holdings {recorded} != the running set's {dict(held)}")
+    for key, use in state.tenant_held.items():
+        if not use.held_units and not state.tenant_queued.get(key):
+            _fail(f"tenant use {key} kept although it holds and queues nothing")
+
+
 def validate(state: ClusterState) -> None:
     """Raise ``InvariantError`` if any capacity or bookkeeping invariant is broken."""
     _check_cpu(state)
@@ -100,3 +121,4 @@ def validate(state: ClusterState) -> None:
     _check_quota(state)
     _check_actions(state)
     _check_env_busy(state)
+    _check_tenant_counts(state)

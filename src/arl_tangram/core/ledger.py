@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from arl_tangram.core.action import EnvSpec
+from arl_tangram.core.action import ActionSpec, EnvSpec
 from arl_tangram.core.decisions import (
     EvictService,
     LoadService,
@@ -19,6 +19,7 @@ from arl_tangram.core.decisions import (
     ReleaseEnv,
     StartAction,
 )
+from arl_tangram.core.fair_share import note_held, note_queued, share_units
 from arl_tangram.core.resources import ResourceVector
 from arl_tangram.core.state import EnvState, QueuedAction, Replica, Running, StateEditor, lane_of
 
@@ -58,6 +59,15 @@ def observe_duration(ed: StateEditor, run: Running, exec_s: float) -> None:
     ed.w("estimates")[run.spec.kind] = (n + 1, mean + (t_ori - mean) / (n + 1))
 
 
+def enqueue(ed: StateEditor, spec: ActionSpec, arrived_s: float) -> QueuedAction:
+    """Queue an accepted action at the end of its lane (FCFS within its tenant)."""
+    lane = lane_of(spec.binding.kind)
+    qa = QueuedAction(spec, arrived_s, ed.next_seq())
+    ed.w(lane)[spec.action_id] = qa
+    note_queued(ed, lane, spec.tenant, +1)
+    return qa
+
+
 def start_action(
     ed: StateEditor,
     qa: QueuedAction,
@@ -87,7 +97,10 @@ def start_action(
     ed.w("running")[spec.action_id] = Running(
         spec, node_id, grant, dop, qa.submitted_s, ed.now_s, ed.now_s + extra_delay_s + duration, replica_id, numa
     )
-    del ed.w(lane_of(spec.binding.kind))[spec.action_id]
+    lane = lane_of(spec.binding.kind)
+    del ed.w(lane)[spec.action_id]
+    note_queued(ed, lane, spec.tenant, -1)
+    note_held(ed, lane, spec.tenant, share_units(lane, grant))
     if spec.binding.kind == "env":
         env_id = spec.binding.name
         ed.w("env_busy")[env_id] = ed.env_busy.get(env_id, ()) + (spec.action_id,)
@@ -103,6 +116,8 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
     if run is None:
         return None
     del ed.w("running")[action_id]
+    lane = lane_of(run.spec.binding.kind)
+    note_held(ed, lane, run.spec.tenant, -share_units(lane, run.grant))
     if run.grant.cpu_millicores or run.grant.mem_bytes:
         ed.give_cpu(run.node_id, run.grant, run.numa_millicores)
     if run.spec.binding.kind == "api" and run.grant.quota_tokens:
@@ -173,7 +188,9 @@ def reject(ed: StateEditor, action_id: str, reason: str, cause: str, outcome: st
     """End a queued (or never queued) action with ``outcome`` without running it."""
     qa = ed.find_queued(action_id)
     if qa is not None:
-        del ed.w(lane_of(qa.spec.binding.kind))[action_id]
+        lane = lane_of(qa.spec.binding.kind)
+        del ed.w(lane)[action_id]
+        note_queued(ed, lane, qa.spec.tenant, -1)
     return RejectAction(action_id, reason, cause, outcome)
 
 

@@ -34,7 +34,7 @@ from arl_tangram.core.events import (
     describe,
 )
 from arl_tangram.core.policies.base import Policy
-from arl_tangram.core.state import ClusterState, QueuedAction, StateEditor, lane_of
+from arl_tangram.core.state import ClusterState, StateEditor
 from arl_tangram.core.topology import add_node, add_service, check_can_ever_fit
 
 MAX_JOINED_STIMULI = 4  # a round of more events names its first ids and a count
@@ -140,7 +140,7 @@ class Scheduler:
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
         arrived_s = ed.now_s if event.submitted_s is None else min(event.submitted_s, ed.now_s)
-        ed.w(lane_of(spec.binding.kind))[spec.action_id] = QueuedAction(spec, arrived_s, ed.next_seq())
+        ledger.enqueue(ed, spec, arrived_s)
         if spec.binding.kind == "service":
             ledger.note_service_request(ed, spec.binding.name)
         ed.touch(ed.envs[spec.binding.name].node_id if spec.binding.kind == "env" else None)

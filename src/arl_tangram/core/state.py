@@ -64,6 +64,16 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantUse:
+    """A tenant's use of one lane: ``held_units`` now, and ``avg_units``, the moving average
+    of what it held, as of ``since_s`` (it decays towards ``held_units`` after that)."""
+
+    held_units: int
+    avg_units: float
+    since_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class CpuFree:
     free_millicores: int
     free_mem_bytes: int
@@ -80,6 +90,7 @@ class QuotaFree:
 _TABLES = (
     "cpu", "gpu", "quota", "envs", "env_queue", "env_busy", "replicas",
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
+    "tenant_queued", "tenant_held",
 )
 
 
@@ -110,6 +121,10 @@ class ClusterState:
     estimates: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # kind -> (n, mean T_ori)
     # service -> (exponentially decayed count of its requests, when it was last decayed)
     service_demand: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Fair-share bookkeeping per (lane, tenant) (core/fair_share.py): how many actions it has
+    # queued in the lane, and what its running actions of the lane hold and held recently.
+    tenant_queued: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    tenant_held: Mapping[tuple[str, str], TenantUse] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -147,6 +162,8 @@ class StateEditor:
     running: Mapping[str, Running]
     estimates: Mapping[str, tuple[int, float]]
     service_demand: Mapping[str, tuple[float, float]]
+    tenant_queued: Mapping[tuple[str, str], int]
+    tenant_held: Mapping[tuple[str, str], TenantUse]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec

@@ -69,8 +69,13 @@ class ClusterSpec:
     gpu_nodes: tuple[GpuNodeSpec, ...] = ()
     quota_pools: tuple[QuotaPoolSpec, ...] = ()
     services: Mapping[str, ServiceSpec] = field(default_factory=dict)
+    # tenant -> weight of its fair share under contention; a tenant not listed weighs 1.0
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for tenant, weight in self.tenant_weights.items():
+            if not isinstance(weight, int | float) or not math.isfinite(weight) or weight <= 0:
+                raise SpecError(f"tenant_weights[{tenant}]", "must be a finite number > 0", weight)
         for name, nodes in (("cpu_nodes", self.cpu_nodes), ("gpu_nodes", self.gpu_nodes)):
             ids = [n.node_id for n in nodes]
             if len(set(ids)) != len(ids):
@@ -86,6 +91,10 @@ class ClusterSpec:
             cpu_nodes=tuple(n for n in self.cpu_nodes if n.node_id != node_id),
             gpu_nodes=tuple(n for n in self.gpu_nodes if n.node_id != node_id),
         )
+
+    def weight_of(self, tenant: str) -> float:
+        """The tenant's fair-share weight (1.0 unless configured)."""
+        return float(self.tenant_weights.get(tenant, 1.0))
 
     def quota_pool(self, provider: str) -> QuotaPoolSpec | None:
         for pool in self.quota_pools:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from arl_tangram.core import ledger
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
+from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.waterfill import Claim
 from arl_tangram.core.resources import ResourceKind
@@ -58,7 +59,7 @@ def collect(
     reserved: set[str] = set()
     taken = scanned = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
-    for qa in ed.queue_cpu.values():  # the hot loop of a round: kept lean on purpose
+    for qa in share_order(ed, "queue_cpu"):  # the hot loop of a round: kept lean on purpose
         scanned += 1
         if scanned > scan_limit:
             break

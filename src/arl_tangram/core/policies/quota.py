@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from arl_tangram.core import ledger
 from arl_tangram.core.decisions import Decision
+from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.resources import ZERO
 from arl_tangram.core.state import StateEditor
 
@@ -20,7 +21,7 @@ def schedule_managed(ed: StateEditor, cause: str) -> tuple[list[Decision], float
     decisions: list[Decision] = []
     wake: float | None = None
     blocked: set[str] = set()
-    for qa in list(ed.queue_api.values()):
+    for qa in list(share_order(ed, "queue_api")):
         if qa.spec.binding.name in blocked:
             continue
         provider = qa.spec.binding.name

@@ -17,6 +17,7 @@ from arl_tangram.core import ledger
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.chunks import best_chunk, chunk_mask
 from arl_tangram.core.decisions import Decision
+from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.state import QueuedAction, Replica, StateEditor
 
 
@@ -85,7 +86,7 @@ def schedule_pooled(ed: StateEditor, cause: str, depth: int, host_to_device_gbps
     no_room: set[int] = set()  # chunk sizes found impossible this round (allocations only shrink room)
     share = _fair_share(ed)
     backlog = collections.Counter(qa.spec.binding.name for qa in ed.queue_service.values())
-    for qa in list(itertools.islice(ed.queue_service.values(), depth)):
+    for qa in list(itertools.islice(share_order(ed, "queue_service"), depth)):
         name = qa.spec.binding.name
         lo, hi = _bounds(ed, qa)
         rep = _idle_replica(ed, name, lo, hi)
