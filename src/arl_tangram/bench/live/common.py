@@ -87,6 +87,8 @@ class SystemRun:
     ``core_s_reserved``/``core_s_used`` are CPU core-seconds held for the system vs consumed.
     ``device_bytes`` is peak device memory of the model services; ``leaked_429`` counts
     provider 429s that reached a trajectory. ``extra`` holds workload-specific numbers.
+    Optional, for the CPU-over-time plot (seconds from the run's start): ``reserved_spans``
+    ``(start_s, end_s, cores)`` held, ``used_spans`` ``(start_s, end_s, core_s)`` consumed.
     """
 
     system: str
@@ -100,6 +102,8 @@ class SystemRun:
     device_bytes: int = 0
     leaked_429: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    reserved_spans: list[tuple[float, float, float]] = field(default_factory=list)
+    used_spans: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def mean_act_s(self) -> float:
