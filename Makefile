@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[gpu,cpu,plots,service,dev]'
+	$(BIN)/pip install -q -e '.[gpu,cpu,plots,service,ray,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
