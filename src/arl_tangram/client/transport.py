@@ -82,7 +82,7 @@ class InProcessTransport(Transport):
             raise
         finally:
             if record.done.done():
-                self.controller.store.forget(spec.action_id)
+                self.controller.ack(spec.action_id)
 
     async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
         await self.controller.create_env(spec, sandbox)

@@ -5,12 +5,16 @@ The core schedules ``ActionSpec`` s and never sees a command or a request body: 
 here, keyed by action id, until the executor runs the action. Every accepted action ends in
 exactly one ``ActionResult``: ``ActionStore.complete`` is first-wins, so a late report (a
 run that finished after its node was declared lost, a cancel racing a finish) never
-overwrites the outcome the caller already has.
+overwrites the outcome the caller already has. An ended record stays readable until it is
+acknowledged (``forget``) or its retention runs out (``expire``); a client's request id
+maps to its record for as long as the record is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,23 +112,54 @@ class ActionRecord:
     dop: int | None = None
     result: ActionResult | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None  # the client's idempotency key, unique per tenant
+    ended_s: float | None = None  # controller clock when the result was recorded
 
 
 class ActionStore:
-    """Live actions by id, on the controller's event-loop thread only (not thread-safe)."""
+    """Live and retained actions by id, on the controller's event-loop thread only (not
+    thread-safe). ``now`` is the controller's clock (it stamps ``ended_s``); ``on_complete``
+    is called once per record, right after its result is set (the journal, env leases)."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] | None = None) -> None:
         self._records: dict[str, ActionRecord] = {}
+        self._by_request: dict[tuple[str, str], str] = {}
+        self._ended: deque[tuple[float, str]] = deque()  # completion order = expiry order
+        self._unfinished_by_tenant: Counter[str] = Counter()
+        self.num_unfinished = 0
+        self.now = now or (lambda: asyncio.get_running_loop().time())
+        self.on_complete: Callable[[ActionRecord], None] | None = None
 
-    def add(self, spec: ActionSpec, payload: Payload, submitted_s: float) -> ActionRecord:
+    def add(self, spec: ActionSpec, payload: Payload, submitted_s: float, request_id: str | None = None) -> ActionRecord:
+        """Hold a new action. Raises ``SpecError`` for an id (or the tenant's request id)
+        already held; callers look a request id up with ``by_request`` first."""
         if spec.action_id in self._records:
             raise SpecError("action_id", "must be unique among live actions", spec.action_id)
-        record = ActionRecord(spec, payload, submitted_s, asyncio.get_running_loop().create_future())
+        if request_id is not None and (spec.tenant, request_id) in self._by_request:
+            raise SpecError("request_id", "must be unique among the tenant's live actions", request_id)
+        record = ActionRecord(spec, payload, submitted_s, asyncio.get_running_loop().create_future(), request_id=request_id)
         self._records[spec.action_id] = record
+        if request_id is not None:
+            self._by_request[(spec.tenant, request_id)] = spec.action_id
+        self._unfinished_by_tenant[spec.tenant] += 1
+        self.num_unfinished += 1
         return record
+
+    def restore(self, record: ActionRecord) -> None:
+        """Hold an ended record read back from the journal at start (its ``ended_s`` on
+        this controller's clock). Restore in order of ``ended_s``, before any new result."""
+        assert record.result is not None and record.ended_s is not None
+        self._records[record.spec.action_id] = record
+        if record.request_id is not None:
+            self._by_request[(record.spec.tenant, record.request_id)] = record.spec.action_id
+        self._ended.append((record.ended_s, record.spec.action_id))
 
     def get(self, action_id: str) -> ActionRecord | None:
         return self._records.get(action_id)
+
+    def by_request(self, tenant: str, request_id: str) -> ActionRecord | None:
+        action_id = self._by_request.get((tenant, request_id))
+        return None if action_id is None else self._records.get(action_id)
 
     def complete(self, action_id: str, result: ActionResult) -> bool:
         """Record the terminal result; False (and nothing changes) if it already has one."""
@@ -132,18 +167,52 @@ class ActionStore:
         if record is None or record.result is not None:
             return False
         record.result = result
+        record.ended_s = self.now()
+        self._ended.append((record.ended_s, action_id))
+        if len(self._ended) > 2 * len(self._records) + 1024:
+            # acknowledged records leave their entries behind; drop them in bulk (amortised)
+            self._ended = deque(e for e in self._ended if self._is_entry(*e))
+        self._unfinished_by_tenant[record.spec.tenant] -= 1
+        if self._unfinished_by_tenant[record.spec.tenant] <= 0:
+            del self._unfinished_by_tenant[record.spec.tenant]
+        self.num_unfinished -= 1
         if not record.done.done():
             record.done.set_result(result)
+        if self.on_complete is not None:
+            self.on_complete(record)
         return True
 
-    def forget(self, action_id: str) -> None:
-        """Drop a read result (the caller has it)."""
+    def forget(self, action_id: str) -> bool:
+        """Drop an ended record (its caller has the result); an unfinished one stays.
+        Idempotent; True when something was dropped."""
         record = self._records.get(action_id)
-        if record is not None and record.result is not None:
-            del self._records[action_id]
+        if record is None or record.result is None:
+            return False
+        del self._records[action_id]
+        if record.request_id is not None:
+            self._by_request.pop((record.spec.tenant, record.request_id), None)
+        return True
+
+    def expire(self, ended_before_s: float) -> list[str]:
+        """Forget every record that ended before ``ended_before_s``; returns their ids.
+        Costs only the records it drops (and those acknowledged earlier)."""
+        dropped = []
+        while self._ended and self._ended[0][0] < ended_before_s:
+            ended_s, action_id = self._ended.popleft()
+            if self._is_entry(ended_s, action_id) and self.forget(action_id):
+                dropped.append(action_id)
+        return dropped
+
+    def _is_entry(self, ended_s: float, action_id: str) -> bool:
+        record = self._records.get(action_id)
+        return record is not None and record.ended_s == ended_s  # not a later action reusing the id
 
     def unfinished(self) -> list[str]:
         return sorted(a for a, r in self._records.items() if r.result is None)
+
+    def unfinished_of(self, tenant: str) -> int:
+        """Accepted and not yet ended actions of ``tenant``."""
+        return self._unfinished_by_tenant.get(tenant, 0)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -38,15 +38,27 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     handler = "score"                 # embed | score | logprobs
     devices_min = 1
     devices_max = 1
+
+    [service]
+    journal_path = "/var/lib/arl-tangram/journal.sqlite"   # omit: no journal (the embedded default)
+    env_idle_ttl_s = 600              # an env unused (no action, file or session call, no renew) this long is released
+    result_retention_s = 3600         # an unacknowledged result is forgotten this long after it ended
+    max_queued_actions = 10000        # unfinished actions of all tenants; beyond it: overloaded (429/503)
+    request_id_ttl_s = 86400          # with a journal: how long a request id stays idempotent
+
+    [tenants.team-a]
+    token_env = "TEAM_A_TOKEN"        # or token = "..."; unique across tenants; omit: reachable without a token only
+    weight = 2.0                      # its weighted fair share of a contended pool (> 0)
+    max_envs = 64                     # omit any limit: unlimited
+    max_concurrent_actions = 512      # accepted and not yet ended
+    max_mem_bytes = "128GiB"          # the sum of its envs' memory
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -57,19 +69,29 @@ from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.topology import QuotaPoolSpec
 from arl_tangram.managers.api.config import ProviderConfig
+from arl_tangram.runtime.config_reader import (
+    NAME,
+    ConfigError,
+    Table,
+    parse_size_bytes,
+    parse_toml,
+    parse_yaml,
+)
+from arl_tangram.runtime.config_service import (
+    ServiceSettings,
+    TenantConfig,
+    read_service_settings,
+    read_tenants,
+)
 
+__all__ = [
+    "ConfigError", "CpuConfig", "GpuConfig", "SchedulerConfig", "ServiceConfig", "ServiceSettings", "TangramConfig",
+    "TenantConfig", "load_config", "parse_config", "parse_size_bytes", "quota_pools",
+]  # fmt: skip
 #: request handlers of model services (managers/gpu/handlers.py ``HANDLERS``; named here so
 #: reading a configuration never imports torch)
 SERVICE_HANDLERS = ("embed", "score", "logprobs")
 DEVICE_COUNTS = (1, 2, 4, 8)  # the core's aligned GPU chunk sizes
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-class ConfigError(SpecError):
-    """A configuration value broke a rule; ``field`` is its path (``providers[1].rps``)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,8 @@ class TangramConfig:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     providers: tuple[ProviderConfig, ...] = ()
     services: tuple[ServiceConfig, ...] = ()
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+    tenants: Mapping[str, TenantConfig] = field(default_factory=lambda: MappingProxyType({}))
     source: str | None = None  # the file it came from; None: embedded defaults
 
 
@@ -144,14 +168,16 @@ def parse_config(
     text: str, *, yaml: bool = False, source: str | None = None, environ: Mapping[str, str] | None = None
 ) -> TangramConfig:
     """``load_config`` on a string (tests, the CLI's ``--config -``)."""
-    data = _parse_yaml(text) if yaml else _parse_toml(text)
-    root = _Table(data, "")
+    data = parse_yaml(text) if yaml else parse_toml(text)
+    root = Table(data, "")
     config = TangramConfig(
         scheduler=_scheduler(root.table("scheduler")),
         cpu=_cpu(root.table("cpu")),
         gpu=_gpu(root.table("gpu")),
         providers=_unique(tuple(_provider(t, os.environ if environ is None else environ) for t in root.tables("providers")), "providers"),
         services=_unique(tuple(_service(t) for t in root.tables("services")), "services"),
+        service=read_service_settings(root.table("service")),
+        tenants=read_tenants(root.table("tenants"), os.environ if environ is None else environ),
         source=source,
     )
     root.done()
@@ -165,77 +191,7 @@ def quota_pools(config: TangramConfig) -> tuple[QuotaPoolSpec, ...]:
         for p in config.providers
     )
 
-
-def parse_size_bytes(value: object, where: str) -> int:
-    """Bytes from an integer or a size string (``"512MiB"``, ``"2GiB"``, ``"1GB"``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)):
-        size = int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
-    else:
-        raise ConfigError(where, 'must be a byte count or a size such as "512MiB" or "2GiB"', value)
-    if size <= 0:
-        raise ConfigError(where, "must be > 0 bytes", value)
-    return size
-
-
-class _Table:
-    """One mapping of the file; every key read is checked off, ``done`` rejects the rest."""
-
-    def __init__(self, data: object, where: str) -> None:
-        if not isinstance(data, Mapping):
-            raise ConfigError(where or "<file>", "must be a table (mapping)", type(data).__name__)
-        self.data, self.where, self.seen = data, where, set[str]()
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.seen.add(key)
-        return self.data.get(key, default)
-
-    def table(self, key: str) -> _Table:
-        return _Table(self.get(key, {}), self.path(key))
-
-    def tables(self, key: str) -> list[_Table]:
-        items = self.get(key, [])
-        if not isinstance(items, list):
-            raise ConfigError(self.path(key), "must be an array of tables ([[...]])", type(items).__name__)
-        return [_Table(item, f"{self.path(key)}[{i}]") for i, item in enumerate(items)]
-
-    def done(self) -> None:
-        for key in sorted(set(self.data) - self.seen, key=str):
-            known = ", ".join(sorted(self.seen)) or "none"
-            # a misspelt "keys" must not print the secrets it holds
-            value = "<hidden>" if "key" in str(key).lower() else self.data[key]
-            raise ConfigError(self.path(str(key)), f"is not a known key (known: {known})", value)
-
-    def integer(self, key: str, default: int, minimum: int) -> int:
-        value = self.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(self.path(key), f"must be an integer >= {minimum}", value)
-        return value
-
-    def number(self, key: str, default: float, check: Callable[[float], bool], rule: str) -> float:
-        value = self.get(key, default)
-        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or not check(value):
-            raise ConfigError(self.path(key), f"must be a finite number {rule}", value)
-        return float(value)
-
-    def string(self, key: str, default: str | None, rule: str = "must be a non-empty string") -> str:
-        value = self.get(key, default)
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.path(key), rule, value)
-        return value
-
-    def size(self, key: str, default: int, minimum: int) -> int:
-        size = parse_size_bytes(self.get(key, default), self.path(key))
-        if size < minimum:
-            raise ConfigError(self.path(key), f"must be >= {minimum} bytes", size)
-        return size
-
-
-def _scheduler(t: _Table) -> SchedulerConfig:
+def _scheduler(t: Table) -> SchedulerConfig:
     policy = t.string("policy", "elastic")
     if policy not in POLICIES:
         raise ConfigError(t.path("policy"), f"must be one of {', '.join(sorted(POLICIES))}", policy)
@@ -248,7 +204,7 @@ def _scheduler(t: _Table) -> SchedulerConfig:
     return SchedulerConfig(policy, MappingProxyType(dict(params)))
 
 
-def _cpu(t: _Table) -> CpuConfig:
+def _cpu(t: Table) -> CpuConfig:
     config = CpuConfig(
         pool_size=t.integer("pool_size", 0, minimum=0),
         mem_bytes=t.size("mem_bytes", CpuConfig.mem_bytes, minimum=16 << 20),
@@ -260,7 +216,7 @@ def _cpu(t: _Table) -> CpuConfig:
     return config
 
 
-def _gpu(t: _Table) -> GpuConfig:
+def _gpu(t: Table) -> GpuConfig:
     devices = t.get("devices", "auto")
     if devices != "auto" and (not isinstance(devices, int) or isinstance(devices, bool) or devices not in DEVICE_COUNTS):
         raise ConfigError(t.path("devices"), 'must be "auto" or a count of CPU devices in {1, 2, 4, 8}', devices)
@@ -273,7 +229,7 @@ def _gpu(t: _Table) -> GpuConfig:
     return config
 
 
-def _keys(t: _Table, environ: Mapping[str, str]) -> tuple[str, ...]:
+def _keys(t: Table, environ: Mapping[str, str]) -> tuple[str, ...]:
     keys, keys_env = t.get("keys"), t.get("keys_env")
     if (keys is None) == (keys_env is None):
         raise ConfigError(t.path("keys"), "exactly one of keys or keys_env must be set", "<hidden>")
@@ -288,9 +244,9 @@ def _keys(t: _Table, environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(k.strip() for k in keys)
 
 
-def _provider(t: _Table, environ: Mapping[str, str]) -> ProviderConfig:
+def _provider(t: Table, environ: Mapping[str, str]) -> ProviderConfig:
     name = t.string("name", None)
-    if not _NAME.match(name):
+    if not NAME.match(name):
         raise ConfigError(t.path("name"), "must be letters, digits, '_', '-', '.', '/'", name)
     base_url = t.string("base_url", None)
     if not base_url.startswith(("http://", "https://")):
@@ -322,9 +278,9 @@ def _provider(t: _Table, environ: Mapping[str, str]) -> ProviderConfig:
         raise ConfigError(t.path("rps" if leaf == "rate_per_s" else leaf), exc.rule, exc.value) from None
 
 
-def _service(t: _Table) -> ServiceConfig:
+def _service(t: Table) -> ServiceConfig:
     name = t.string("name", None)
-    if not _NAME.match(name):
+    if not NAME.match(name):
         raise ConfigError(t.path("name"), "must be letters, digits, '_', '-', '.', '/'", name)
     folder, module = t.get("folder"), t.get("module")
     if (folder is None) == (module is None):
@@ -348,7 +304,6 @@ def _service(t: _Table) -> ServiceConfig:
     t.done()
     return ServiceConfig(name, handler, folder, module, devices["devices_min"], devices["devices_max"], weight_bytes)
 
-
 def _unique(items: tuple[Any, ...], where: str) -> tuple[Any, ...]:
     seen: set[str] = set()
     for i, item in enumerate(items):
@@ -356,22 +311,3 @@ def _unique(items: tuple[Any, ...], where: str) -> tuple[Any, ...]:
             raise ConfigError(f"{where}[{i}].name", "must be unique", item.name)
         seen.add(item.name)
     return items
-
-
-def _parse_toml(text: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("<file>", f"must be valid TOML: {exc}", None) from None
-
-
-def _parse_yaml(text: str) -> Any:
-    try:
-        import yaml  # optional: TOML needs nothing beyond the standard library
-    except ImportError:
-        raise ConfigError("<file>", "YAML needs PyYAML installed (pip install pyyaml); TOML needs nothing", None) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("<file>", f"must be valid YAML: {exc}", None) from None
-    return {} if data is None else data

@@ -1,11 +1,13 @@
 """Shell: the live controller: the one controller loop on wall time, inside an asyncio task.
 
-Who calls: the SDK's in-process transport (and later the HTTP API), always on the event
-loop the controller was started on. ``submit`` stores the payload, posts ``ActionSubmitted``
-with the arrival time and returns at once; ``wait`` awaits the action's one terminal result.
-A round runs as soon as events are pending (events posted before it runs share the round),
-or when the policy's wake-up comes. A failing round is logged and the controller goes on:
-no bug in one round takes the service down.
+Who calls: the SDK's in-process transport and the HTTP API, always on the event loop the
+controller was started on. ``submit`` passes admission (tenant limits, the service's bound),
+stores the payload, journals it, posts ``ActionSubmitted`` with the arrival time and returns
+at once; ``wait`` awaits the action's one terminal result. A round runs as soon as events are
+pending (events posted before it runs share the round), or when the policy's wake-up comes.
+A failing round is logged and the controller goes on: no bug in one round takes the service
+down. Beside the loop, one housekeeping task (``housekeeping``) expires env leases and
+retained results; ``recovery`` gives the actions of a dead process their outcomes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
@@ -34,9 +36,16 @@ from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.cpu.config import SandboxSpec
+from arl_tangram.runtime import recovery
 from arl_tangram.runtime.actions import ActionRecord, ActionResult, ActionStore, Payload
+from arl_tangram.runtime.codec import payload_to_dict, result_to_dict, spec_to_dict
+from arl_tangram.runtime.config import ServiceSettings, TenantConfig
 from arl_tangram.runtime.dispatcher import LiveExecutor
-from arl_tangram.runtime.loop import ControllerLoop, Round
+from arl_tangram.runtime.housekeeping import Housekeeper
+from arl_tangram.runtime.journal import Journal, JournalRow
+from arl_tangram.runtime.leases import EnvLeases, ExpiredEnv
+from arl_tangram.runtime.loop import Clock, ControllerLoop, Round
+from arl_tangram.runtime.tenants import Admission
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +61,10 @@ class EnvFailedError(RuntimeError):
 
 class Controller:
     """The live controller over node ``agents``. Start with ``start()`` on the event loop
-    that will use it; ``aclose()`` ends every unfinished action ``cancelled``."""
+    that will use it (then ``resume()`` once services are registered, when it keeps a
+    journal); ``aclose()`` ends every unfinished action ``cancelled``. ``settings`` and
+    ``tenants`` (``[service]``, ``[tenants.*]``) default to the embedded ones: no journal,
+    no tenant limits. ``clock`` (wall time by default) times leases and retention too."""
 
     def __init__(
         self,
@@ -62,12 +74,24 @@ class Controller:
         cluster: ClusterSpec | None = None,
         check: bool = False,
         keep_log: bool = False,
+        settings: ServiceSettings | None = None,
+        tenants: Mapping[str, TenantConfig] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.node_agents = list(agents)
         self.agents = {nid: a for a in agents for nid in (a.cpu_node_id, a.gpu_node_id)}  # core node id -> agent
-        self.store = ActionStore()
-        self.clock = WallClock()
+        self.settings = settings or ServiceSettings()
+        self.clock: Clock = clock or WallClock()
+        self.store = ActionStore(self.clock.now)
+        self.store.on_complete = self._on_complete
+        self.leases = EnvLeases(self.settings.env_idle_ttl_s)
+        self.admission = Admission(tenants or {}, self.settings.max_queued_actions)
+        self.journal: Journal | None = None
+        self.housekeeper = Housekeeper(self)
+        #: called with each env the service released because its lease ran out
+        self.on_env_expired: list[Callable[[ExpiredEnv], None]] = []
+        self._unresumed: list[ActionRecord] = []
         self.log: list[Round] = []
         self.loop = ControllerLoop(
             scheduler, ClusterState.initial(cluster or ClusterSpec()), self.clock, check=check,
@@ -82,20 +106,39 @@ class Controller:
 
     # -- life ---------------------------------------------------------------------------
     async def start(self) -> None:
+        """Start the loop and housekeeping; with a journal, open it and make the results it
+        retains readable again (``resume`` deals with the actions it left unfinished)."""
         self._wakeup = asyncio.Event()
-        self.executor = LiveExecutor(self.agents, self.store, self._report, self.env_specs.get)
+        rows: list[JournalRow] = []
+        if self.settings.journal_path is not None:
+            self.journal = await asyncio.to_thread(Journal, self.settings.journal_path)
+            rows = await asyncio.to_thread(self.journal.load, time.time() - self.settings.request_id_ttl_s)
+        before_run = self._journal_start if self.journal is not None else None
+        self.executor = LiveExecutor(self.agents, self.store, self._report, self.env_specs.get, before_run=before_run)
         self.loop.attach(self.executor)
         for node_agent in self.node_agents:
             self.join(node_agent)
         self.loop.bootstrap()
+        self._unresumed = recovery.restore_results(self, rows)
         self._task = asyncio.get_running_loop().create_task(self._drive(), name="tangram-controller")
+        self.housekeeper.start()
+
+    def resume(self) -> recovery.Resumed:
+        """Give every action the journal left unfinished its outcome: re-run one that never
+        started, end the others ``error`` (``service_restarted``). Call once the services
+        are registered (a re-run service call needs its service); idempotent."""
+        rows, self._unresumed = self._unresumed, []
+        return recovery.resume(self, rows)
 
     async def aclose(self) -> None:
-        """Idempotent. Unfinished actions end ``cancelled``; envs are destroyed by their managers' close."""
+        """Idempotent. Unfinished actions end ``cancelled``; envs are destroyed by their
+        managers' close. With a journal, actions that never started are left unfinished in
+        it, so a restarted service runs them."""
         if self._closed:
             return
         self._closed = True
         self._kick()
+        await self.housekeeper.aclose()
         if self._task is not None:
             await self._task
         if self.executor is not None:
@@ -104,6 +147,8 @@ class Controller:
             record = self.store.get(action_id)
             kind = record.spec.kind if record else ""
             self.store.complete(action_id, ActionResult(action_id, kind, "cancelled", cause="the controller closed"))
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.close)
 
     def join(self, agent: NodeAgent) -> None:
         """Offer an agent's capacity (again, after a manager was added to it): the core
@@ -137,6 +182,19 @@ class Controller:
                 record.spec.elasticity.observe(record.dop, event.exec_s)
         return self.post(event)
 
+    def _on_complete(self, record: ActionRecord) -> None:
+        """Every result, once: the end renews its env's lease and is journaled (but not
+        the ``cancelled`` that closing gives an action that never started: it re-runs)."""
+        self.housekeeper.note_completion()
+        if record.spec.binding.kind == "env":
+            self.leases.renew(record.spec.binding.name, self.clock.now())
+        if self.journal is not None and record.result is not None and not (self._closed and record.started_s is None):
+            self.journal.ended(record.spec.action_id, result_to_dict(record.result), time.time())
+
+    async def _journal_start(self, record: ActionRecord) -> None:
+        assert self.journal is not None
+        await asyncio.wrap_future(self.journal.started(record.spec.action_id, time.time()))
+
     def _kick(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
@@ -166,13 +224,51 @@ class Controller:
         """The online-learned elasticity curve of an action kind (used when a caller states none)."""
         return self.learned.setdefault(kind, Learned())
 
-    def submit(self, spec: ActionSpec, payload: Payload) -> ActionRecord:
-        """Accept an action; its result arrives in ``record.done``. Raises ``SpecError`` for a
-        duplicate id (nothing is queued then)."""
+    def submit(self, spec: ActionSpec, payload: Payload, *, request_id: str | None = None) -> ActionRecord:
+        """Accept an action; its result arrives in ``record.done``.
+
+        Idempotent under ``request_id``: the same (``spec.tenant``, ``request_id``) returns
+        the record already accepted (after its retention, the journaled one, its ``done``
+        resolved) and queues nothing, whatever the new spec says. Raises, with nothing
+        queued: ``SpecError`` for a duplicate action id or a payload the journal cannot
+        hold, ``TenantLimitError``, ``OverloadedError``."""
         self._check_open()
-        record = self.store.add(spec, payload, self.clock.now())
+        if request_id is not None:
+            existing = self.store.by_request(spec.tenant, request_id) or recovery.journaled(self, spec.tenant, request_id)
+            if existing is not None:
+                return existing
+        if self.store.get(spec.action_id) is not None:
+            raise SpecError("action_id", "must be unique among live actions", spec.action_id)
+        self.admission.check_action(spec.tenant, self.store)
+        if self.journal is not None:
+            self.journal.accepted(
+                spec.action_id, spec.tenant, request_id, spec_to_dict(spec), payload_to_dict(payload), time.time()
+            )  # fmt: skip
+        record = self.store.add(spec, payload, self.clock.now(), request_id)
+        if spec.binding.kind == "env":
+            self.leases.renew(spec.binding.name, record.submitted_s)
         self.post(ActionSubmitted(spec, submitted_s=record.submitted_s))
         return record
+
+    def get(self, action_id: str) -> ActionRecord | None:
+        """The record of a live or retained action; None once acknowledged or expired."""
+        return self.store.get(action_id)
+
+    def ack(self, action_id: str) -> bool:
+        """The caller has the result: forget it now (not reloaded after a restart; its
+        request id stays idempotent through the journal). An unfinished action is left
+        alone (False). Idempotent."""
+        if not self.store.forget(action_id):
+            return False
+        if self.journal is not None:
+            self.journal.acked(action_id)
+        return True
+
+    async def flush_journal(self) -> None:
+        """Wait until every accepted action, start and result so far is committed to the
+        journal (an HTTP handler may await it before answering). No journal: returns."""
+        if self.journal is not None:
+            await asyncio.wrap_future(self.journal.flush())
 
     async def wait(self, action_id: str, timeout_s: float | None = None) -> ActionResult:
         record = self.store.get(action_id)
@@ -192,20 +288,38 @@ class Controller:
         self._check_open()
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:
             raise SpecError("env_id", "must be unique among live envs", spec.env_id)
+        self.admission.check_env(spec.tenant, spec.mem_bytes, self.leases)
         assert self.executor is not None
         waiter: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.executor.env_waiters[spec.env_id] = waiter
         self.env_specs[spec.env_id] = sandbox
+        self.leases.add(spec.env_id, spec.tenant, spec.mem_bytes, self.clock.now())
         self.post(EnvRequested(spec))
         failure = await asyncio.shield(waiter)
         if failure is not None:
             self.env_specs.pop(spec.env_id, None)
+            self.leases.drop(spec.env_id)
             raise EnvFailedError(f"env {spec.env_id}: {failure}")
 
     def release_env(self, env_id: str) -> None:
         """Give an env back: its queued actions end ``cancelled``, its sandbox is destroyed."""
         self.env_specs.pop(env_id, None)
+        self.leases.drop(env_id)
         self.post(EnvReleased(env_id))
+
+    def renew_env(self, env_id: str) -> None:
+        """Keep an env alive for another ``env_idle_ttl_s``; ``SpecError`` if it is not live."""
+        if not self.leases.renew(env_id, self.clock.now()):
+            raise SpecError("env_id", "must name a live env", env_id)
+
+    def expired_env(self, env_id: str) -> ExpiredEnv | None:
+        """Why an env is gone, if its lease ran out (the last ``MAX_EXPIRED_KEPT`` expiries)."""
+        return self.leases.expired.get(env_id)
+
+    @property
+    def expired_envs(self) -> list[ExpiredEnv]:
+        """Envs released by lease expiry, oldest first."""
+        return list(self.leases.expired.values())
 
     def env_node(self, env_id: str) -> NodeAgent:
         """The agent of the node an env's sandbox lives on (host-side file and session calls).
@@ -214,6 +328,7 @@ class Controller:
         env = self.loop.state.envs.get(env_id)
         if env is None or env.node_id is None or env_id not in self.env_specs:
             raise SpecError("env_id", "must name a live env", env_id)
+        self.leases.renew(env_id, self.clock.now())  # a file or session call is a use
         return self.agents[env.node_id]
 
     def register_service(self, spec: ServiceSpec) -> None:

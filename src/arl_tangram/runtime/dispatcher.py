@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -58,7 +58,8 @@ DEFAULT_WORKER_THREADS = 64  # blocking manager calls in flight at once (most wa
 
 class LiveExecutor(Executor):
     """Decisions -> manager calls. ``agents`` maps the core's node ids to their agent;
-    ``post`` is the loop's sink; ``env_specs`` gives the sandbox limits of an env id."""
+    ``post`` is the loop's sink; ``env_specs`` gives the sandbox limits of an env id;
+    ``before_run`` (the journal's durable start) is awaited before an action's work begins."""
 
     def __init__(
         self,
@@ -68,11 +69,13 @@ class LiveExecutor(Executor):
         env_specs: Callable[[str], SandboxSpec | None],
         *,
         worker_threads: int = DEFAULT_WORKER_THREADS,
+        before_run: Callable[[ActionRecord], Awaitable[None]] | None = None,
     ) -> None:
         self.agents = dict(agents)
         self.store = store
         self.post = post
         self.env_specs = env_specs
+        self.before_run = before_run
         self.pool = concurrent.futures.ThreadPoolExecutor(worker_threads, thread_name_prefix="tangram-worker")
         self.tasks: set[asyncio.Task[Any]] = set()
         self.env_waiters: dict[str, asyncio.Future[str | None]] = {}  # env id -> None or why it failed
@@ -197,6 +200,8 @@ class LiveExecutor(Executor):
         payload = record.payload
         cancel = self.cancels[d.action_id]
         try:
+            if self.before_run is not None:
+                await self.before_run(record)
             if isinstance(payload, ExecPayload):
                 result, exec_s = await run_exec(self, self._agent(d.node_id), record, d, payload, cancel)
             elif isinstance(payload, ServicePayload):

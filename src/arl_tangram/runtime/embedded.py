@@ -5,11 +5,15 @@ real cores and NUMA layout, the API-quota manager for the configured providers, 
 manager (CUDA devices, else CPU devices with a memory budget) once the first service is
 registered, since importing torch costs seconds a CPU-only rollout should not pay.
 Blocking set-up (cgroups, model loading) runs on worker threads, never on the event loop.
+With a journal (``[service] journal_path``), the actions a previous process left unfinished
+get their outcomes once the configured services are registered (``Controller.resume``).
+Tenant weights (``[tenants.*] weight``) go to the core's fair share through the cluster spec.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 from pathlib import Path
@@ -49,13 +53,16 @@ class EmbeddedRuntime:
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None
         agent = NodeAgent(LOCAL_NODE, cpu=cpu, api=api)
-        cluster = ClusterSpec(quota_pools=quota_pools(config))
-        controller = Controller(Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster)
-        await controller.start()
+        controller = Controller(
+            Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster_spec(config),
+            settings=config.service, tenants=config.tenants,
+        )  # fmt: skip
         runtime = cls(config, agent, controller)
         try:
+            await controller.start()
             for service in config.services:
                 await runtime.register_service(service)
+            controller.resume()
         except BaseException:
             await runtime.aclose()
             raise
@@ -94,6 +101,15 @@ class EmbeddedRuntime:
         spec = self.agent.service_spec(service.name, service.devices_min, service.devices_max)
         self.controller.register_service(spec)
         return spec
+
+
+def cluster_spec(config: TangramConfig) -> ClusterSpec:
+    """The core's initial cluster: one quota pool per provider and, when the core knows
+    tenant weights, each configured tenant's fair-share weight."""
+    extra: dict[str, Any] = {}
+    if "tenant_weights" in {f.name for f in dataclasses.fields(ClusterSpec)}:
+        extra["tenant_weights"] = {name: t.weight for name, t in sorted(config.tenants.items())}
+    return ClusterSpec(quota_pools=quota_pools(config), **extra)
 
 
 def _check_fits(gpu: Any, service: ServiceConfig) -> None:

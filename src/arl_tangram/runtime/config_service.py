@@ -1,0 +1,116 @@
+"""Shell: the service's sections of the configuration file: ``[service]`` (journal, env
+leases, result retention, the admission bound) and ``[tenants.<name>]`` (API tokens, fair
+share weights, per-tenant limits). ``config`` documents the whole file.
+
+Who calls: ``config.parse_config``; the runtime reads the frozen results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from arl_tangram.runtime.config_reader import NAME, ConfigError, Table, parse_size_bytes
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The long-running service: durability (``journal_path``, None = no journal), env
+    leases, result retention and the admission bound of the whole service."""
+
+    journal_path: str | None = None
+    env_idle_ttl_s: float = 600.0
+    result_retention_s: float = 3600.0
+    max_queued_actions: int = 10000
+    request_id_ttl_s: float = 86400.0
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant (an RL job): its API token (None: reachable only without a token, as the
+    local default tenant is), its fair-share ``weight`` and its limits (None = unlimited)."""
+
+    name: str
+    token: str | None = field(default=None, repr=False)
+    weight: float = 1.0
+    max_envs: int | None = None
+    max_concurrent_actions: int | None = None
+    max_mem_bytes: int | None = None
+
+
+def read_service_settings(t: Table) -> ServiceSettings:
+    journal_path = t.get("journal_path")
+    if journal_path is not None:
+        journal_path = t.string("journal_path", None, "must be a non-empty path")
+    positive = (lambda v: v > 0, "> 0")
+    config = ServiceSettings(
+        journal_path=journal_path,
+        env_idle_ttl_s=t.number("env_idle_ttl_s", ServiceSettings.env_idle_ttl_s, *positive),
+        result_retention_s=t.number(
+            "result_retention_s", ServiceSettings.result_retention_s, *positive
+        ),
+        max_queued_actions=t.integer(
+            "max_queued_actions", ServiceSettings.max_queued_actions, minimum=1
+        ),
+        request_id_ttl_s=t.number("request_id_ttl_s", ServiceSettings.request_id_ttl_s, *positive),
+    )
+    t.done()
+    return config
+
+
+def read_tenants(t: Table, environ: Mapping[str, str]) -> Mapping[str, TenantConfig]:
+    tenants: dict[str, TenantConfig] = {}
+    owner_of_token: dict[str, str] = {}
+    for name in sorted(t.data, key=str):
+        sub = t.table(str(name))
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ConfigError(
+                sub.where, "a tenant name must be letters, digits, '_', '-', '.', '/'", name
+            )
+        tenant = _tenant(name, sub, environ)
+        if tenant.token is not None:
+            if tenant.token in owner_of_token:
+                where = sub.path("token_env" if "token_env" in sub.data else "token")
+                raise ConfigError(
+                    where,
+                    f"must be unique across tenants (tenant {owner_of_token[tenant.token]!r} has it)",
+                    "<hidden>",
+                )
+            owner_of_token[tenant.token] = name
+        tenants[name] = tenant
+    t.done()
+    return MappingProxyType(tenants)
+
+
+def _tenant(name: str, t: Table, environ: Mapping[str, str]) -> TenantConfig:
+    token, token_env = t.get("token"), t.get("token_env")
+    if token is not None and token_env is not None:
+        raise ConfigError(
+            t.path("token"), "at most one of token or token_env may be set", "<hidden>"
+        )
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ConfigError(t.path("token"), "must be a non-empty string", "<hidden>")
+    if token_env is not None:
+        var = t.string("token_env", None, "must name an environment variable")
+        if not environ.get(var, "").strip():
+            raise ConfigError(
+                t.path("token_env"),
+                "must name an environment variable that is set and non-empty",
+                var,
+            )
+        token = environ[var]
+    limits: dict[str, int | None] = {}
+    for key in ("max_envs", "max_concurrent_actions"):
+        limits[key] = None if t.get(key) is None else t.integer(key, 0, minimum=1)
+    mem = t.get("max_mem_bytes")
+    config = TenantConfig(
+        name=name,
+        token=None if token is None else token.strip(),
+        weight=t.number("weight", 1.0, lambda v: v > 0, "> 0"),
+        max_envs=limits["max_envs"],
+        max_concurrent_actions=limits["max_concurrent_actions"],
+        max_mem_bytes=None if mem is None else parse_size_bytes(mem, t.path("max_mem_bytes")),
+    )
+    t.done()
+    return config

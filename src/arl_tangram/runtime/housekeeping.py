@@ -1,0 +1,116 @@
+"""Shell: the controller's housekeeping: one asyncio task that, every ``interval_s``,
+releases envs whose lease ran out, forgets results past their retention, and prunes the
+journal of rows older than the request-id window.
+
+Who calls: ``Controller.start`` starts it, ``Controller.aclose`` cancels and awaits it
+(structured: it never outlives its controller). ``sweep()`` is one pass, synchronous, on the
+event-loop thread: tests drive it directly with a manual clock. Releasing an expired env
+goes through the same path as a client's release (``EnvReleased``), after its queued
+actions were ended ``cancelled`` with the lease as their cause (first result wins, so the
+core's later "released by its client" changes nothing). An env with a running action, or
+one still being created, is never expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from arl_tangram.runtime.actions import ActionResult
+from arl_tangram.runtime.leases import ExpiredEnv, Lease
+
+if TYPE_CHECKING:
+    from arl_tangram.runtime.controller import Controller
+
+log = logging.getLogger(__name__)
+MAX_INTERVAL_S = 1.0  # expiry is late by at most this (or a quarter of the shortest TTL)
+MIN_INTERVAL_S = 0.01
+PRUNE_EVERY_S = 60.0  # journal rows past the request-id window are deleted this often
+RATE_SMOOTHING = 0.3  # weight of the newest sample in the completion-rate estimate
+
+
+class Housekeeper:
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        settings = controller.settings
+        shortest_s = min(settings.env_idle_ttl_s, settings.result_retention_s) / 4
+        self.interval_s = max(MIN_INTERVAL_S, min(MAX_INTERVAL_S, shortest_s))
+        self._task: asyncio.Task[None] | None = None
+        self._pruned_s: float | None = None
+        self._rate_at: tuple[float, int] | None = None  # (clock, completions seen) at the last sweep
+        self._completions = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tangram-housekeeping")
+
+    async def aclose(self) -> None:
+        """Cancel the sweep task and wait for it. Idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("a housekeeping sweep failed; the next one tries again")
+
+    def note_completion(self) -> None:
+        self._completions += 1
+
+    def sweep(self) -> list[ExpiredEnv]:
+        """One pass; returns the envs it released."""
+        c = self.controller
+        now_s = c.clock.now()
+        expired = [self._expire(lease, now_s) for lease in c.leases.due(now_s, self._busy)]
+        c.store.expire(now_s - c.settings.result_retention_s)
+        self._update_rate(now_s)
+        if c.journal is not None and (self._pruned_s is None or now_s - self._pruned_s >= PRUNE_EVERY_S):
+            self._pruned_s = now_s
+            c.journal.prune(time.time() - c.settings.request_id_ttl_s)
+        return expired
+
+    def _busy(self, env_id: str) -> bool:
+        c = self.controller
+        creating = c.executor is not None and env_id in c.executor.env_waiters
+        return creating or bool(c.loop.state.envs.get(env_id) and c.loop.state.env_busy.get(env_id))
+
+    def _expire(self, lease: Lease, now_s: float) -> ExpiredEnv:
+        c = self.controller
+        idle_s = now_s - lease.last_used_s
+        record = ExpiredEnv(lease.env_id, lease.tenant, idle_s, now_s, time.time(), ())
+        cancelled = []
+        for action_id in c.store.unfinished():
+            queued = c.store.get(action_id)
+            if queued is not None and queued.spec.binding.kind == "env" and queued.spec.binding.name == lease.env_id:
+                ended = ActionResult(action_id, queued.spec.kind, "cancelled", cause=record.cause)
+                if c.store.complete(action_id, ended):
+                    cancelled.append(action_id)
+        record = ExpiredEnv(lease.env_id, lease.tenant, idle_s, now_s, record.expired_wall_s, tuple(cancelled))
+        c.release_env(lease.env_id)
+        c.leases.note_expired(record)
+        log.info(
+            "env %s of tenant %s released: its lease expired after %.1f s unused (env_idle_ttl_s=%.1f); %d queued action(s) cancelled",
+            lease.env_id, lease.tenant, idle_s, c.settings.env_idle_ttl_s, len(cancelled),
+        )  # fmt: skip
+        for listener in list(c.on_env_expired):
+            try:
+                listener(record)
+            except Exception:
+                log.exception("an env-expiry listener failed")
+        return record
+
+    def _update_rate(self, now_s: float) -> None:
+        """Completions per second, smoothed: the admission's Retry-After hint."""
+        if self._rate_at is not None and now_s > self._rate_at[0]:
+            sample = (self._completions - self._rate_at[1]) / (now_s - self._rate_at[0])
+            rate = self.controller.admission.completions_per_s
+            self.controller.admission.completions_per_s = sample if rate == 0 else rate + RATE_SMOOTHING * (sample - rate)
+        self._rate_at = (now_s, self._completions)
