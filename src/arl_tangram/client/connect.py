@@ -2,8 +2,9 @@
 
 ``async with arl_tangram.connect() as tg`` starts the embedded system (controller, local
 backend, managers) in this process with no configuration; ``connect(config="tangram.toml")``
-uses a configuration file. A URL selects the remote transport, which the HTTP service issue
-adds; until then a URL is refused with a clear error rather than ignored.
+uses a configuration file. A URL (``connect("http://host:8080", token=...)``) selects the
+remote transport: the same client over the server's ``/v1`` API, where the server derives
+the tenant from the token (``tenant`` is then only a local label).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from arl_tangram.client.client import AsyncClient, Env
-from arl_tangram.client.transport import InProcessTransport
+from arl_tangram.client.http_transport import HttpTransport
+from arl_tangram.client.transport import InProcessTransport, Transport
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult
 from arl_tangram.runtime.config import TangramConfig, load_config
@@ -26,15 +28,25 @@ T = TypeVar("T")
 class Connection:
     """Awaitable (``tg = await connect()``) and an async context manager (closes on exit)."""
 
-    def __init__(self, url: str | None, config: TangramConfig | str | Path | None, tenant: str) -> None:
-        if url is not None:
-            raise SpecError("url", "remote transports are not available yet: call connect() for the embedded system", url)
+    def __init__(self, url: str | None, config: TangramConfig | str | Path | None, tenant: str, token: str | None = None) -> None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise SpecError("url", "must start with http:// or https:// (or be None: the embedded system)", url)
+        if url is not None and config is not None:
+            raise SpecError("config", "configures the embedded system: give a url or a config, not both", url)
+        if url is None and token is not None:
+            raise SpecError("token", "is for a remote server: give it with a url", "<hidden>")
+        self.url = url
+        self.token = token
         self.config = config if isinstance(config, TangramConfig) or config is None else load_config(config)
         self.tenant = tenant
         self.client: AsyncClient | None = None
 
     async def _open(self) -> AsyncClient:
-        transport = await InProcessTransport.start(self.config)
+        transport: Transport
+        if self.url is not None:
+            transport = await HttpTransport.connect(self.url, self.token)
+        else:
+            transport = await InProcessTransport.start(self.config)
         self.client = AsyncClient(transport, tenant=self.tenant)
         return self.client
 
@@ -49,21 +61,28 @@ class Connection:
             await self.client.aclose()
 
 
-def connect(url: str | None = None, *, config: TangramConfig | str | Path | None = None, tenant: str = "default") -> Connection:
-    """Connect to ARL-Tangram: embedded in this process when ``url`` is None."""
-    return Connection(url, config, tenant)
+def connect(
+    url: str | None = None, *, config: TangramConfig | str | Path | None = None, tenant: str = "default",
+    token: str | None = None,
+) -> Connection:  # fmt: skip
+    """Connect to ARL-Tangram: embedded in this process when ``url`` is None, else the
+    server at ``url`` with the API ``token`` (needed once the server has tokens)."""
+    return Connection(url, config, tenant, token)
 
 
 class Client:
     """The synchronous SDK: the same calls as ``AsyncClient``, for code without an event
     loop. It runs one in a background thread; ``close()`` (or ``with``) stops it."""
 
-    def __init__(self, url: str | None = None, *, config: TangramConfig | str | Path | None = None, tenant: str = "default") -> None:
+    def __init__(
+        self, url: str | None = None, *, config: TangramConfig | str | Path | None = None, tenant: str = "default",
+        token: str | None = None,
+    ) -> None:  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-client", daemon=True)
         self._thread.start()
         try:
-            self._client: AsyncClient = self._run(connect(url, config=config, tenant=tenant)._open())
+            self._client: AsyncClient = self._run(connect(url, config=config, tenant=tenant, token=token)._open())
         except BaseException:
             self._stop()
             raise

@@ -1,0 +1,122 @@
+"""Shell: the FastAPI app factory of the native ``/v1`` API (OpenAPI at ``/openapi.json``).
+
+``create_app(config_or_runtime)``: given a ``TangramConfig`` (or ``None``: the embedded
+defaults) the app starts its own ``EmbeddedRuntime`` when the server starts and closes it
+(every sandbox destroyed, every unfinished action ended) when the server stops; given a
+running ``EmbeddedRuntime`` it serves that one and leaves closing it to its owner. Either
+way the runtime must live on the server's event loop, which is the controller's.
+Settings: arguments win, then the configuration's ``[service]`` / ``[tenants]`` tables
+(when the runtime's configuration has them), then the defaults in ``state``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI
+
+from arl_tangram import __version__
+from arl_tangram.api import errors, routes_actions, routes_envs, routes_services, routes_system
+from arl_tangram.api.auth import tokens_from_config
+from arl_tangram.api.state import (
+    DEFAULT_CREATE_TIMEOUT_S,
+    DEFAULT_MAX_QUEUED_ACTIONS,
+    DEFAULT_RESULT_RETENTION_S,
+    ApiState,
+    check_tenant_name,
+)
+from arl_tangram.runtime.config import ConfigError, TangramConfig
+from arl_tangram.runtime.embedded import EmbeddedRuntime
+from arl_tangram.runtime.loop import Round
+
+
+def create_app(
+    config_or_runtime: TangramConfig | EmbeddedRuntime | None = None,
+    *,
+    tokens: Mapping[str, str] | None = None,
+    max_queued_actions: int | None = None,
+    result_retention_s: float | None = None,
+    create_timeout_s: float | None = None,
+) -> FastAPI:
+    """The app. ``tokens`` maps bearer token -> tenant, added to the configured ones; with
+    none at all every call is tenant ``default``. ``max_queued_actions`` bounds the actions
+    submitted and not yet ended (beyond it: 503 with ``Retry-After``)."""
+    settings = dict(
+        tokens=dict(tokens or {}), max_queued_actions=max_queued_actions,
+        result_retention_s=result_retention_s, create_timeout_s=create_timeout_s,
+    )  # fmt: skip
+    for token, tenant in settings["tokens"].items():  # type: ignore[union-attr]
+        check_tenant_name(tenant, "tokens")
+        if not token:
+            raise ConfigError("tokens", "must not contain an empty token", tenant)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = not isinstance(config_or_runtime, EmbeddedRuntime)
+        runtime = await EmbeddedRuntime.start(config_or_runtime) if owned else config_or_runtime  # type: ignore[arg-type]
+        assert isinstance(runtime, EmbeddedRuntime)
+        state = _make_state(runtime, settings)
+        app.state.api = state
+        restore = _watch_rounds(state)
+        try:
+            yield
+        finally:
+            state.closing = True
+            restore()
+            if owned:
+                await runtime.aclose()
+            await state.drain()
+
+    app = FastAPI(
+        title="ARL-Tangram", version=__version__, lifespan=lifespan,
+        description="Per-action management of the external resources of agentic RL: sandboxes, model services, API quotas.",
+    )  # fmt: skip
+    errors.install(app)
+    for module in (routes_envs, routes_actions, routes_services, routes_system):
+        app.include_router(module.router)
+    return app
+
+
+def _setting(explicit: Any, config: TangramConfig, name: str, default: Any) -> Any:
+    if explicit is not None:
+        return explicit
+    service = getattr(config, "service", None)
+    value = getattr(service, name, None) if service is not None else None
+    return default if value is None else value
+
+
+def _make_state(runtime: EmbeddedRuntime, settings: dict[str, Any]) -> ApiState:
+    config = runtime.config
+    tokens = {**tokens_from_config(config), **settings["tokens"]}
+    max_queued = int(_setting(settings["max_queued_actions"], config, "max_queued_actions", DEFAULT_MAX_QUEUED_ACTIONS))
+    if max_queued < 1:
+        raise ConfigError("max_queued_actions", "must be an integer >= 1", max_queued)
+    state = ApiState(
+        runtime, tokens=tokens, max_queued_actions=max_queued,
+        result_retention_s=float(_setting(settings["result_retention_s"], config, "result_retention_s", DEFAULT_RESULT_RETENTION_S)),
+        shared_services=frozenset(s.name for s in config.services),
+    )  # fmt: skip
+    state.create_timeout_s = float(settings["create_timeout_s"] or DEFAULT_CREATE_TIMEOUT_S)
+    state.on_done.append(state.metrics.observe)
+    return state
+
+
+def _watch_rounds(state: ApiState) -> Callable[[], None]:
+    """Chain the metrics onto the controller loop's round log (its documented seam); the
+    returned call puts the previous sink back."""
+    loop = state.controller.loop
+    previous = loop.log
+
+    def log(round_: Round) -> None:
+        if previous is not None:
+            previous(round_)
+        state.metrics.on_round(round_)
+
+    loop.log = log
+
+    def restore() -> None:
+        loop.log = previous
+
+    return restore

@@ -1,0 +1,59 @@
+"""Shell: who is calling: a bearer token maps to a tenant (the only source of ``spec.tenant``).
+
+With no tokens configured the server (bound to loopback by default) serves every call as
+tenant ``default``; once tokens are configured every call needs a known one, else 401.
+Tokens come from the configuration's ``[tenants.<name>] token`` / ``token_env`` when the
+runtime's configuration has tenants, and from ``create_app(tokens=...)`` (tests, embedding).
+Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from arl_tangram.api.state import DEFAULT_TENANT, ApiState, check_tenant_name
+
+_bearer = HTTPBearer(auto_error=False, description="an API token; required once tokens are configured")
+
+
+def tokens_from_config(config: Any) -> dict[str, str]:
+    """token -> tenant from ``config.tenants`` (the runtime's ``TenantConfig`` s) when it has them."""
+    tenants: Mapping[str, Any] = getattr(config, "tenants", None) or {}
+    tokens: dict[str, str] = {}
+    for name, tenant in sorted(tenants.items()):
+        token = getattr(tenant, "token", None)
+        if token:
+            tokens[token] = check_tenant_name(name, f"tenants.{name}")
+    return tokens
+
+
+def api_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+def tenant_of(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    """The caller's tenant; 401 when tokens are configured and the call has no known one."""
+    tokens = api_state(request).tokens
+    if not tokens:
+        return DEFAULT_TENANT
+    given = credentials.credentials if credentials is not None else ""
+    found = None
+    for token, tenant in tokens.items():  # every token compared: the time says nothing
+        if hmac.compare_digest(token.encode(), given.encode()):
+            found = tenant
+    if found is None:
+        detail = "a valid bearer token is required" if given else "an Authorization: Bearer <token> header is required"
+        raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+    return found
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+State = Annotated[ApiState, Depends(api_state)]

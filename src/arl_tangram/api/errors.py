@@ -1,0 +1,135 @@
+"""Shell: how failures become HTTP answers; every error body is ``ErrorBody`` (field, rule).
+
+- invalid input (pydantic, the core's ``SpecError``, ``ConfigError``, a manager's
+  ``InvalidRequestError``): 422 naming the field and the rule;
+- an id the tenant does not own: 404 (never 403, so ids are not confirmed); the tenant's own
+  env whose lease ran out: 410 saying so;
+- a per-tenant limit (``TenantLimitError``): 429; a full queue (``Overloaded`` here, the
+  runtime's ``OverloadedError``) or a service shutting down: 503; both with ``Retry-After``;
+- a duplicate name: 409; anything else: 500, logged, without internals in the body.
+The runtime's error classes are matched by name and ``retry_after_s`` so the API works
+before and after they exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from arl_tangram.api.state import Gone, NotFound, Overloaded
+from arl_tangram.core.errors import SpecError
+from arl_tangram.managers.gpu.errors import GpuManagerError
+from arl_tangram.runtime.controller import EnvFailedError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(
+    status: int, error: str, field: str = "", rule: str = "", value: Any = None, *, retry_after_s: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:  # fmt: skip
+    body = {"error": error, "field": field, "rule": rule, "value": _jsonable(value)}
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value][:32]
+    return repr(value)[:200]
+
+
+# pydantic puts the union member it tried in the error's path ("command.constrained-str")
+_TYPE_TAG = re.compile(r"^(constrained-\w+|function-\w+\[.*|str|int|float|bool|list\[.*|dict\[.*|literal\[.*|nullable\[.*)$")
+_ACTION_TYPES = ("exec", "code", "service", "api", "noop")
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if len(parts) > 1 and parts[0] in _ACTION_TYPES:  # the discriminated union's chosen member
+        parts = parts[1:]
+    return ".".join(p for p in parts if not _TYPE_TAG.match(p)) or (parts[0] if parts else "body")
+
+
+async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "input": None}
+    field = _loc(tuple(first.get("loc") or ()))
+    rule = str(first.get("msg", "invalid"))
+    response = error_response(422, f"{field}: {rule}", field, rule, first.get("input"))
+    return response
+
+
+async def _spec_error(_request: Request, exc: Exception) -> JSONResponse:
+    field, rule = getattr(exc, "field", ""), getattr(exc, "rule", str(exc))
+    value = getattr(exc, "value", None)
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    if type(exc).__name__ == "TenantLimitError":
+        return error_response(429, str(exc), field, rule, value, retry_after_s=retry_after_s or 1.0)
+    return error_response(422, str(exc), field, rule, value)
+
+
+async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, NotFound)
+    return error_response(404, str(exc), exc.field, "must name one of this tenant's live objects", exc.value)
+
+
+async def _gone(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Gone)
+    return error_response(410, str(exc), exc.field, exc.rule, exc.value)
+
+
+async def _overloaded(_request: Request, exc: Exception) -> JSONResponse:
+    rule = getattr(exc, "rule", None) or str(exc)
+    return error_response(503, f"overloaded: {rule}", "", rule, retry_after_s=getattr(exc, "retry_after_s", None) or 1.0)
+
+
+async def _env_failed(_request: Request, exc: Exception) -> JSONResponse:
+    return error_response(503, str(exc), "env", "the sandbox must start", retry_after_s=1.0)
+
+
+async def _http(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+
+
+async def _other(request: Request, exc: Exception) -> JSONResponse:
+    """Manager errors by their shape; the rest is a bug or an infrastructure failure (500)."""
+    name = type(exc).__name__
+    if name == "OverloadedError" or (getattr(exc, "retry_after_s", None) is not None and not isinstance(exc, SpecError)):
+        return await _overloaded(request, exc)
+    if hasattr(exc, "field") and hasattr(exc, "rule"):
+        return await _spec_error(request, exc)
+    if name == "DuplicateServiceError":
+        return error_response(409, str(exc), "name", "must not name a registered service")
+    if isinstance(exc, KeyError) or name in ("SandboxNotFoundError", "UnknownServiceError"):
+        return error_response(404, str(exc), "", "must name a live object")
+    if isinstance(exc, ValueError) or name == "NeverFitsError":
+        return error_response(422, str(exc), "", str(exc))
+    log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {name}")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(SpecError, _spec_error)
+    app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(Gone, _gone)
+    app.add_exception_handler(Overloaded, _overloaded)
+    app.add_exception_handler(EnvFailedError, _env_failed)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    # By class, so the exception middleware answers them (an ``Exception`` handler answers
+    # too, but from the outermost middleware, which then re-raises and logs a traceback).
+    for cls in (ValueError, LookupError, RuntimeError, GpuManagerError, Exception):
+        app.add_exception_handler(cls, _other)

@@ -1,0 +1,159 @@
+"""Shell: ``/v1/actions``: submit (optionally waiting), get, wait, cancel, acknowledge, stream.
+
+Handlers validate, build the spec, hand it to the controller and await its future; nothing
+here decides anything. Waits are on the action's future without cancelling it, so a client
+that disconnects or times out loses nothing: the action still ends and ``GET`` reads its
+result until it is acknowledged (``DELETE``) or its retention runs out. A retried POST
+carrying the same ``Idempotency-Key`` (or ``X-Request-Id``) returns the first action.
+The stream (server-sent events) sends the action's state transitions and then its final
+result: the CPU manager returns output when the process ends, so partial output is not
+streamed yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi.responses import StreamingResponse
+
+from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.build import build
+from arl_tangram.api.schemas import ActionCreate, ActionView, ErrorBody, ServiceAction
+from arl_tangram.api.state import ApiState, wall_time_of
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.actions import ActionRecord, ActionResult
+
+router = APIRouter(prefix="/v1/actions", tags=["actions"])
+MAX_WAIT_S = 300.0
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 404, 409, 422, 429, 503)
+}
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    body = json.dumps(content, separators=(",", ":"), default=repr)
+    return Response(body, status_code, media_type="application/json")
+
+
+def result_dict(r: ActionResult) -> dict[str, Any]:
+    return {
+        "outcome": r.outcome, "exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr, "output": r.output,
+        "queue_s": r.queue_s, "exec_s": r.exec_s, "overhead_s": r.overhead_s, "act_s": r.act_s, "dop": r.dop,
+        "node_id": r.node_id, "cause": r.cause, "stdout_truncated": r.stdout_truncated,
+        "stderr_truncated": r.stderr_truncated, "cpu_s": r.cpu_s, "peak_mem_bytes": r.peak_mem_bytes,
+    }  # fmt: skip
+
+
+def state_of(record: ActionRecord) -> str:
+    if record.result is not None:
+        return "done"
+    return "running" if record.started_s is not None else "queued"
+
+
+def view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
+    """The action as its owner sees it: external ids and names, wall-clock times."""
+    spec, result = record.spec, record.result
+    return {
+        "action_id": state.external(tenant, spec.action_id),
+        "type": record.extra.get("type", "noop"),
+        "kind": record.extra.get("kind", spec.kind),
+        "state": state_of(record),
+        "submitted_at": wall_time_of(record.submitted_s),
+        "started_at": wall_time_of(record.started_s) if record.started_s is not None else None,
+        "result": result_dict(result) if result is not None else None,
+    }
+
+
+async def _wait(record: ActionRecord, timeout_s: float) -> None:
+    if record.result is None and timeout_s > 0:
+        await asyncio.wait((record.done,), timeout=timeout_s)  # never cancels the action
+
+
+WaitS = Annotated[float, Query(ge=0.0, le=MAX_WAIT_S, description="wait up to this long for the result")]
+
+
+@router.post("", response_model=ActionView, status_code=201, responses=ERRORS)
+async def submit_action(
+    state: State, tenant: Tenant, body: Annotated[ActionCreate, Body()], wait_s: WaitS = 0.0,
+    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+    x_request_id: Annotated[str | None, Header(max_length=128)] = None,
+) -> Response:  # fmt: skip
+    """Submit one action; with ``wait_s`` the answer waits for its result (submit-and-wait)."""
+    spec, payload, external_id = build(state, tenant, body)
+    request_id = idempotency_key or x_request_id
+    try:
+        record = state.submit(spec, payload, request_id)
+    except SpecError as exc:
+        if exc.field == "action_id":
+            return json_response({"error": str(exc), "field": "action_id", "rule": exc.rule, "value": external_id}, 409)
+        raise
+    if "type" not in record.extra:  # first submission (an idempotent retry keeps the first's)
+        record.extra["type"] = body.type
+        record.extra["kind"] = body.service if isinstance(body, ServiceAction) else spec.kind
+        state.metrics.submitted_one(body.type, tenant)
+    await _wait(record, wait_s)
+    return json_response(view(state, tenant, record), 201)
+
+
+@router.get("/{action_id}", response_model=ActionView, responses=ERRORS)
+async def get_action(state: State, tenant: Tenant, action_id: str) -> Response:
+    return json_response(view(state, tenant, state.record(tenant, action_id)))
+
+
+@router.get("/{action_id}/wait", response_model=ActionView, responses=ERRORS)
+async def wait_action(state: State, tenant: Tenant, action_id: str, timeout_s: WaitS = 30.0) -> Response:
+    """Wait up to ``timeout_s`` for the result; ``state`` says whether it came."""
+    record = state.record(tenant, action_id)
+    await _wait(record, timeout_s)
+    return json_response(view(state, tenant, record))
+
+
+@router.post("/{action_id}/cancel", response_model=ActionView, status_code=202, responses=ERRORS)
+async def cancel_action(state: State, tenant: Tenant, action_id: str) -> Response:
+    """Withdraw the action: a queued one ends ``cancelled`` in the next round, a running
+    one is stopped. Idempotent; an ended action is left as it is."""
+    record = state.record(tenant, action_id)
+    state.controller.cancel(record.spec.action_id)
+    return json_response(view(state, tenant, record), 202)
+
+
+@router.delete("/{action_id}", status_code=204, responses=ERRORS)
+async def ack_action(state: State, tenant: Tenant, action_id: str) -> Response:
+    """Acknowledge an ended action: its result is no longer needed and is dropped."""
+    record = state.record(tenant, action_id)
+    if record.result is None:
+        rule = "must have ended before it is acknowledged (cancel it first)"
+        return json_response({"error": f"action_id: {rule}", "field": "action_id", "rule": rule, "value": action_id}, 409)
+    state.ack(record)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{action_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "state transitions, then the result"}},
+)
+async def stream_action(state: State, tenant: Tenant, action_id: str) -> StreamingResponse:
+    """Server-sent events: one ``state`` event per transition (queued, running, done; the
+    last one carries the result). A disconnect ends the stream, never the action."""
+    record = state.record(tenant, action_id)
+    return StreamingResponse(_events(state, tenant, record), media_type="text/event-stream")
+
+
+async def _events(state: ApiState, tenant: str, record: ActionRecord) -> AsyncIterator[str]:
+    last = None
+    while True:
+        now = state_of(record)
+        if now != last:
+            yield f"event: state\ndata: {json.dumps(view(state, tenant, record), default=repr)}\n\n"
+            last = now
+        if now == "done":
+            return
+        # queued -> running has no signal of its own: poll it; running -> done is the future
+        timeout_s = 0.02 if now == "queued" else 15.0
+        done, _ = await asyncio.wait((record.done,), timeout=timeout_s)
+        if not done and now == "running":
+            yield ": keep-alive\n\n"

@@ -1,0 +1,145 @@
+"""Shell: ``/v1/envs``: environments (stateful sandboxes), their files and bash sessions.
+
+Creating an env waits until its sandbox is ready, bounded by ``create_timeout_s`` (a
+placement that cannot come in time is released and answered 503 with ``Retry-After``,
+never a hang). File calls are host-side (no CPU grant, no action) and run on worker
+threads. Every call on an env renews its lease when the runtime keeps leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.routes_actions import ERRORS
+from arl_tangram.api.schemas import EnvCreate, EnvList, EnvView, SessionCreate, SessionView
+from arl_tangram.api.state import ApiState, NotFound, Overloaded, new_id
+from arl_tangram.core.action import EnvSpec
+from arl_tangram.core.errors import SpecError
+from arl_tangram.managers.cpu.config import SandboxSpec
+from arl_tangram.runtime.config import parse_size_bytes
+
+router = APIRouter(prefix="/v1/envs", tags=["envs"])
+PathQuery = Annotated[str, Query(min_length=1, max_length=4096, description="a path in the workspace or /tmp")]
+MAX_FILE_BODY_BYTES = 256 << 20
+
+
+def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
+    s = state.controller.loop.state
+    env = s.envs.get(internal)
+    sandbox = state.controller.env_specs.get(internal)
+    mem_bytes = env.spec.mem_bytes if env else (sandbox.mem_bytes if sandbox else 0)
+    return {
+        "env_id": state.external(tenant, internal),
+        "mem_bytes": mem_bytes,
+        "trajectory_id": env.spec.trajectory_id if env else "",
+        "ready": bool(env and env.ready),
+        "num_running": len(s.env_busy.get(internal, ())),
+    }
+
+
+@router.post("", response_model=EnvView, status_code=201, responses=ERRORS)
+async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str, Any]:
+    """Create a sandbox: its memory is held for its life, it uses no CPU while idle."""
+    mem_bytes = parse_size_bytes(body.memory, "memory")
+    largest = state.max_env_mem_bytes()
+    if mem_bytes > largest:
+        raise SpecError("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
+    sandbox = SandboxSpec(mem_bytes, body.pids_max, parse_size_bytes(body.workspace, "workspace"), parse_size_bytes(body.tmp, "tmp"))
+    external = body.env_id or new_id("env")
+    internal = state.scoped(tenant, external)
+    if internal in state.controller.env_specs:
+        raise SpecError("env_id", "must be unique among this tenant's live envs", external)
+    spec = EnvSpec(internal, mem_bytes, tenant, body.trajectory_id)
+    # A task of its own: a client that goes away does not stop the creation it asked for.
+    task = state.spawn(state.controller.create_env(spec, sandbox))
+    done, _ = await asyncio.wait((task,), timeout=state.create_timeout_s)
+    if not done:
+        state.controller.release_env(internal)
+        raise Overloaded(f"no node could place the env within create_timeout_s={state.create_timeout_s:g}", 5.0)
+    task.result()  # EnvFailedError / SpecError name why
+    return env_view(state, tenant, internal)
+
+
+@router.get("", response_model=EnvList, responses=ERRORS)
+async def list_envs(state: State, tenant: Tenant) -> dict[str, Any]:
+    return {"envs": [env_view(state, tenant, e) for e in state.envs_of(tenant)]}
+
+
+@router.get("/{env_id}", response_model=EnvView, responses=ERRORS)
+async def get_env(state: State, tenant: Tenant, env_id: str) -> dict[str, Any]:
+    return env_view(state, tenant, state.env_internal(tenant, env_id))
+
+
+@router.delete("/{env_id}", status_code=204, responses=ERRORS)
+async def delete_env(state: State, tenant: Tenant, env_id: str) -> Response:
+    """Release the env: its queued actions end ``cancelled``, its sandbox is destroyed."""
+    internal = state.env_internal(tenant, env_id)
+    state.sessions.pop(internal, None)
+    state.controller.release_env(internal)
+    return Response(status_code=204)
+
+
+@router.post("/{env_id}/renew", status_code=204, responses=ERRORS)
+async def renew_env(state: State, tenant: Tenant, env_id: str) -> Response:
+    """Renew the env's lease (any call on the env does too)."""
+    state.env_internal(tenant, env_id)
+    return Response(status_code=204)
+
+
+def _cpu(state: ApiState, internal: str) -> Any:
+    cpu = state.controller.env_node(internal).cpu
+    if cpu is None:
+        raise SpecError("env_id", "must name an env on a node with a CPU manager", internal)
+    return cpu
+
+
+@router.put(
+    "/{env_id}/files", status_code=204, responses=ERRORS,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+)  # fmt: skip
+async def write_file(state: State, tenant: Tenant, env_id: str, path: PathQuery, request: Request) -> Response:
+    """Create or atomically replace a file (the body's bytes) in the workspace or /tmp."""
+    internal = state.env_internal(tenant, env_id)
+    length = int(request.headers.get("content-length") or 0)
+    if length > MAX_FILE_BODY_BYTES:
+        raise SpecError("body", f"must be at most {MAX_FILE_BODY_BYTES} bytes", length)
+    data = await request.body()
+    await asyncio.to_thread(_cpu(state, internal).write_file, internal, path, data)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{env_id}/files", responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}, "description": "the file's bytes"}}
+)
+async def read_file(state: State, tenant: Tenant, env_id: str, path: PathQuery) -> Response:
+    internal = state.env_internal(tenant, env_id)
+    data = await asyncio.to_thread(_cpu(state, internal).read_file, internal, path)
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.post("/{env_id}/sessions", response_model=SessionView, status_code=201, responses=ERRORS)
+async def open_session(state: State, tenant: Tenant, env_id: str, body: SessionCreate) -> dict[str, Any]:
+    """A persistent bash in the env; run commands in it with ``exec`` actions naming it."""
+    internal = state.env_internal(tenant, env_id)
+    cpu = _cpu(state, internal)
+    session_id = await asyncio.to_thread(cpu.open_session, internal, env=body.env, cwd=body.cwd)
+    if internal not in state.controller.env_specs:  # released meanwhile
+        await asyncio.to_thread(cpu.close_session, session_id)
+        raise NotFound("env_id", env_id)
+    state.sessions.setdefault(internal, set()).add(session_id)
+    return {"session_id": session_id}
+
+
+@router.delete("/{env_id}/sessions/{session_id}", status_code=204, responses=ERRORS)
+async def close_session(state: State, tenant: Tenant, env_id: str, session_id: str) -> Response:
+    internal = state.env_internal(tenant, env_id)
+    sessions = state.sessions.get(internal, set())
+    if session_id not in sessions:
+        raise NotFound("session_id", session_id)
+    sessions.discard(session_id)
+    await asyncio.to_thread(_cpu(state, internal).close_session, session_id)
+    return Response(status_code=204)

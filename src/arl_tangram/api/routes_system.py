@@ -1,0 +1,46 @@
+"""Shell: the service itself: ``/v1/health`` (no token needed), ``/v1/status`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from arl_tangram import __version__
+from arl_tangram.api.auth import State, Tenant, api_state
+from arl_tangram.api.metrics import CONTENT_TYPE, take_snapshot
+from arl_tangram.api.routes_actions import ERRORS
+from arl_tangram.api.schemas import Health, StatusView
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/v1/health", response_model=Health)
+async def health(request: Request) -> dict[str, Any]:
+    """Liveness: answers while the server runs (``closing`` once shutdown began)."""
+    return {"status": "closing" if api_state(request).closing else "ok", "version": __version__}
+
+
+@router.get("/v1/status", response_model=StatusView, responses=ERRORS)
+async def status(state: State, tenant: Tenant) -> dict[str, Any]:
+    """Pools, queue per lane, sandboxes by state, the services and providers the caller may use."""
+    snap = take_snapshot(state.runtime)
+    return {
+        "tenant": tenant,
+        "queue": snap["queue"],
+        "pools": snap["pools"],
+        "sandboxes": snap["sandboxes"],
+        "services": [external for external, _i, _s in state.services_of(tenant)],
+        "providers": sorted(snap["providers"]),
+        "num_envs": len(state.envs_of(tenant)),
+        "num_pending_actions": len(state.pending),
+        "max_queued_actions": state.max_queued_actions,
+    }
+
+
+@router.get("/metrics", responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}, **ERRORS})
+async def metrics(state: State, tenant: Tenant) -> Response:
+    """Prometheus metrics of this server (a token is needed once tokens are configured)."""
+    state.metrics.snapshot.data = take_snapshot(state.runtime)
+    state.metrics.pending.set(len(state.pending))
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,265 @@
+"""Shell: what the API layer keeps beside the controller: tenant scoping of ids, the bound
+on pending actions, session ownership, and the controller calls it feature-detects.
+
+Who calls: the route handlers, on the server's event loop (the controller's loop), so
+nothing here is locked. Ids are scoped per tenant: the internal id of a tenant's env or
+action is ``f"{tenant}.{external_id}"`` (tenant names hold no dot, so the split is
+unambiguous and the internal id is still a valid sandbox id); a tenant's own services are
+``f"~{tenant}/{name}"``, a prefix no operator-registered name can take. Looking an id up
+always goes through ``scoped``, so another tenant's id is simply not found (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import re
+import time
+import uuid
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+from arl_tangram.api.metrics import ApiMetrics
+from arl_tangram.core.action import ActionSpec
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.actions import ActionRecord, Payload
+from arl_tangram.runtime.config import ConfigError
+from arl_tangram.runtime.embedded import EmbeddedRuntime
+
+DEFAULT_TENANT = "default"
+TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,16}$")
+DEFAULT_MAX_QUEUED_ACTIONS = 10_000
+DEFAULT_RESULT_RETENTION_S = 600.0
+DEFAULT_CREATE_TIMEOUT_S = 120.0
+T = TypeVar("T")
+MAX_RETAINED_RESULTS = 200_000  # beyond this the oldest unread results go first
+
+
+class NotFound(LookupError):
+    """An id that this tenant does not own (or that does not exist): always a 404."""
+
+    def __init__(self, field: str, value: str) -> None:
+        super().__init__(f"{field}: must name one of this tenant's live objects (got {value!r})")
+        self.field = field
+        self.value = value
+
+
+class Gone(LookupError):
+    """The tenant's own env was released because its lease ran out: 410, saying when."""
+
+    def __init__(self, field: str, value: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule} (got {value!r})")
+        self.field, self.value, self.rule = field, value, rule
+
+
+class Overloaded(RuntimeError):
+    """The bound on pending actions is reached: 503 with ``Retry-After``."""
+
+    def __init__(self, rule: str, retry_after_s: float) -> None:
+        super().__init__(rule)
+        self.rule = rule
+        self.retry_after_s = retry_after_s
+
+
+def _describe(expired: Any) -> str:
+    idle_s, at = getattr(expired, "idle_s", None), getattr(expired, "expired_wall_s", None)
+    if idle_s is None or at is None:
+        return "idle TTL"
+    return f"idle for {idle_s:.0f} s, released at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(at))}"
+
+
+def check_tenant_name(name: str, where: str) -> str:
+    if not isinstance(name, str) or not TENANT_PATTERN.match(name):
+        raise ConfigError(where, "must be 1-16 characters of [A-Za-z0-9_-] (it prefixes sandbox ids)", name)
+    return name
+
+
+def new_id(prefix: str) -> str:
+    """A server-generated id: uuid4-based, so another tenant cannot guess it."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def wall_time_of(monotonic_s: float) -> float:
+    """Unix seconds of a ``time.monotonic`` reading (the controller's clock)."""
+    return time.time() - (time.monotonic() - monotonic_s)
+
+
+class ApiState:
+    """The API's view of one running ``EmbeddedRuntime``; created by ``create_app``."""
+
+    def __init__(
+        self,
+        runtime: EmbeddedRuntime,
+        *,
+        tokens: Mapping[str, str],
+        max_queued_actions: int,
+        result_retention_s: float,
+        shared_services: frozenset[str],
+    ) -> None:
+        self.runtime = runtime
+        self.controller = runtime.controller
+        self.tokens = dict(tokens)  # token -> tenant; empty: unauthenticated, tenant "default"
+        self.max_queued_actions = max_queued_actions
+        self.result_retention_s = result_retention_s
+        self.shared_services = set(shared_services)
+        self.pending: set[str] = set()  # internal ids of unfinished actions submitted here
+        self.sessions: dict[str, set[str]] = {}  # internal env id -> its open session ids
+        self.closing = False
+        params = inspect.signature(self.controller.submit).parameters
+        self._idempotent = "request_id" in params
+        # The runtime keeps results until ack or its retention TTL once it has ``ack``;
+        # until then the API forgets read-or-not results after ``result_retention_s``.
+        self._own_retention = not hasattr(self.controller, "ack")
+        self._done: collections.deque[tuple[float, str]] = collections.deque()
+        self.on_done: list[Any] = []  # callbacks(record) when an action submitted here ends
+        self._requests: dict[str, str] = {}  # scoped request id -> internal action id (fallback)
+        self._request_of: dict[str, str] = {}
+        self.metrics: ApiMetrics = ApiMetrics()
+        self.create_timeout_s = DEFAULT_CREATE_TIMEOUT_S
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    # -- work that outlives a request -------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A task tracked until it ends (``drain`` awaits the rest at shutdown); its failure
+        is read by whoever awaits it, else dropped here (it has reached nobody)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._reap)
+        return task
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # marks it retrieved
+
+    async def drain(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    # -- ids ------------------------------------------------------------------------------
+    @staticmethod
+    def scoped(tenant: str, external_id: str) -> str:
+        return f"{tenant}.{external_id}"
+
+    @staticmethod
+    def external(tenant: str, internal_id: str) -> str:
+        return internal_id[len(tenant) + 1 :]
+
+    @staticmethod
+    def private_service(tenant: str, name: str) -> str:
+        return f"~{tenant}/{name}"
+
+    # -- envs -----------------------------------------------------------------------------
+    def env_internal(self, tenant: str, env_id: str) -> str:
+        """The internal id of a live env of ``tenant``; ``NotFound`` otherwise. Renews the
+        env's lease when the runtime keeps leases (any use of an env renews it)."""
+        internal = self.scoped(tenant, env_id)
+        if internal not in self.controller.env_specs:
+            expired = getattr(self.controller, "expired_env", lambda _e: None)(internal)
+            if expired is not None:
+                raise Gone("env_id", env_id, f"was released: its lease ran out ({_describe(expired)})")
+            raise NotFound("env_id", env_id)
+        renew = getattr(self.controller, "renew_env", None)
+        if renew is not None:
+            try:
+                renew(internal)
+            except SpecError:
+                raise NotFound("env_id", env_id) from None
+        return internal
+
+    def envs_of(self, tenant: str) -> list[str]:
+        prefix = f"{tenant}."
+        return sorted(e for e in self.controller.env_specs if e.startswith(prefix))
+
+    def max_env_mem_bytes(self) -> int:
+        nodes = self.controller.loop.state.spec.cpu_nodes
+        return max((n.mem_bytes for n in nodes), default=0)
+
+    # -- services -------------------------------------------------------------------------
+    def service_internal(self, tenant: str, name: str) -> str | None:
+        """The service ``name`` resolves to for ``tenant``: its own first, then a shared one."""
+        services = self.controller.loop.state.spec.services
+        private = self.private_service(tenant, name)
+        if private in services:
+            return private
+        if name in self.shared_services and name in services:
+            return name
+        return None
+
+    def services_of(self, tenant: str) -> list[tuple[str, str, bool]]:
+        """(external name, internal name, shared) of every service ``tenant`` may call."""
+        services = self.controller.loop.state.spec.services
+        prefix = f"~{tenant}/"
+        own = [(n[len(prefix) :], n, False) for n in services if n.startswith(prefix)]
+        shared = [(n, n, True) for n in services if n in self.shared_services]
+        return sorted(own + shared)
+
+    # -- actions --------------------------------------------------------------------------
+    def record(self, tenant: str, action_id: str) -> ActionRecord:
+        """The record of one of ``tenant``'s actions; ``NotFound`` otherwise."""
+        get = getattr(self.controller, "get", None)
+        internal = self.scoped(tenant, action_id)
+        record = get(internal) if get is not None else self.controller.store.get(internal)
+        if record is None or record.spec.tenant != tenant:
+            raise NotFound("action_id", action_id)
+        return record
+
+    def submit(self, spec: ActionSpec, payload: Payload, request_id: str | None) -> ActionRecord:
+        """Hand an action to the controller, within the bound on pending actions. An
+        idempotent resubmission (same tenant and request id) returns the existing record."""
+        self._expire()
+        if self.closing:
+            raise Overloaded("the service is shutting down", 5.0)
+        if len(self.pending) >= self.max_queued_actions:
+            raise Overloaded(f"at most max_queued_actions={self.max_queued_actions} actions may be pending", 1.0)
+        if self._idempotent and request_id is not None:
+            record = self.controller.submit(spec, payload, request_id=request_id)
+        elif request_id is not None:
+            record = self._submit_once(spec, payload, request_id)
+        else:
+            record = self.controller.submit(spec, payload)
+        action_id = record.spec.action_id
+        if record.result is None and action_id not in self.pending:
+            self.pending.add(action_id)
+            record.done.add_done_callback(lambda _f: self._ended(record))
+        return record
+
+    def _submit_once(self, spec: ActionSpec, payload: Payload, request_id: str) -> ActionRecord:
+        """Idempotency until the controller has its own: (tenant, request id) -> the first
+        action, for as long as that action's record is kept."""
+        key = self.scoped(spec.tenant, request_id)
+        first = self._requests.get(key)
+        record = self.controller.store.get(first) if first is not None else None
+        if record is not None:
+            return record
+        record = self.controller.submit(spec, payload)
+        self._requests[key] = spec.action_id
+        self._request_of[spec.action_id] = key
+        return record
+
+    def _ended(self, record: ActionRecord) -> None:
+        self.pending.discard(record.spec.action_id)
+        if self._own_retention:
+            self._done.append((time.monotonic(), record.spec.action_id))
+        for callback in self.on_done:
+            callback(record)
+
+    def ack(self, record: ActionRecord) -> None:
+        """The owner has the result: drop it (idempotent; a running action is left alone)."""
+        ack = getattr(self.controller, "ack", None)
+        if ack is not None:
+            ack(record.spec.action_id)
+        else:
+            self.controller.store.forget(record.spec.action_id)
+        self._requests.pop(self._request_of.pop(record.spec.action_id, ""), None)
+
+    def _expire(self) -> None:
+        if not self._own_retention:
+            return
+        horizon = time.monotonic() - self.result_retention_s
+        done = self._done
+        while done and (done[0][0] < horizon or len(done) > MAX_RETAINED_RESULTS):
+            action_id = done.popleft()[1]
+            self.controller.store.forget(action_id)
+            self._requests.pop(self._request_of.pop(action_id, ""), None)
