@@ -1,0 +1,271 @@
+"""Shell: the live AI-coding workload of ``arl-tangram bench live``: HumanEval trajectories
+on real sandboxes, run by ARL-Tangram and by the Kubernetes pod-per-trajectory baselines.
+
+``run(opts, progress)`` (the workload contract of ``common``) runs the same seeded plans on
+each system in turn, one after another on the same cores: ``tangram`` (policy ``elastic``:
+Allocate-on-Execution, each action granted 1..all cores), ``k8s-guaranteed`` (policy
+``k8s-static``: a pod of request = limit = pool cores / batch held as a real cgroup quota
+for the trajectory's life, DoP fixed to the pod's cores) and ``k8s-burstable`` (the same
+request as cpu.shares weight, no limit, all cpus). A trajectory thinks (a sleep: no LLM
+runs), writes its solution, lints it, runs the problem's tests elastically (the sandbox
+runner splits repeated checks over ``$TANGRAM_DOP`` processes) and asks the MiniLM reward
+service to score the attempt; a failed first attempt is retried with the canonical solution.
+The reward service (one MiniLM on one CPU device) is shared by every system: with one model
+there is nothing to pool, so a static deployment and Evict-on-Execution serve it the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any
+
+import arl_tangram
+from arl_tangram.bench.live.coding_plan import (
+    CodingConfig,
+    Problem,
+    TrajectoryPlan,
+    calibrated,
+    candidate_problems,
+    make_plans,
+)
+from arl_tangram.bench.live.coding_result import workload_result
+from arl_tangram.bench.live.common import LiveOptions, Progress, SystemRun, WorkloadResult
+from arl_tangram.client import AsyncClient, Elastic
+from arl_tangram.runtime.actions import ActionResult
+from arl_tangram.runtime.config import GpuConfig, SchedulerConfig, TangramConfig
+
+WORKLOAD = "coding"
+SYSTEMS = ("k8s-burstable", "tangram", "k8s-guaranteed")  # the two fast systems side by side in time
+REWARD_SERVICE = "reward/minilm"
+RUNNER_SOURCE = resources.files("arl_tangram.bench.live").joinpath("coding_runner.py").read_text(encoding="utf-8")
+
+
+@dataclass
+class ActionRecord:
+    """One action a trajectory waited on, with its times relative to the system's start."""
+
+    category: str  # "env" (lint, test) or "reward"
+    kind: str
+    submitted_s: float
+    result: ActionResult
+
+    @property
+    def act_s(self) -> float:
+        return self.result.act_s
+
+
+@dataclass
+class TrajectoryOutcome:
+    plan: TrajectoryPlan
+    started_s: float
+    ended_s: float = 0.0
+    verdicts: list[tuple[str, bool]] = field(default_factory=list)  # (variant, passed)
+    scores: list[tuple[str, float]] = field(default_factory=list)  # (variant, MiniLM score)
+    actions: list[ActionRecord] = field(default_factory=list)
+    lost: int = 0  # actions that ended other than succeeded/failed (none may)
+    env_wait_s: float = 0.0  # from asking for the env (a pod) to its sandbox being ready
+
+    @property
+    def correct(self) -> bool:
+        """Every test verdict matched the solution's known correctness, and nothing was lost."""
+        return bool(self.verdicts) and self.lost == 0 and all(p == (v == "canonical") for v, p in self.verdicts)
+
+
+@dataclass
+class SystemContext:
+    """What a system's trajectories share: its client, the reward client, the plans' problems."""
+
+    system: str
+    tg: AsyncClient
+    reward: AsyncClient
+    problems: dict[str, Problem]
+    config: CodingConfig
+    pool_cores: int
+    t0: float
+    burstable_millicores: int = 0
+
+
+def pool_cores() -> int:
+    """The cores every system's sandboxes share ("equal cores": the same cpuset for all)."""
+    return len(os.sched_getaffinity(0))
+
+
+def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
+    """Run the coding workload on every system; see the module docstring."""
+    config = CodingConfig.quick(opts.seed) if opts.quick else CodingConfig(seed=opts.seed)
+    return asyncio.run(run_async(config, progress))
+
+
+async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str, ...] = SYSTEMS) -> WorkloadResult:
+    cores = pool_cores()
+    progress.start(WORKLOAD, config.num_trajectories * len(systems))
+    reward_config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
+    async with arl_tangram.connect(config=reward_config, tenant="reward") as reward:
+        from arl_tangram.managers.gpu.models import minilm_path
+
+        progress.note(WORKLOAD, "loading MiniLM reward service; calibrating HumanEval problems in a sandbox")
+        await reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path()))
+        problems = await _calibrate(reward, config)
+        plans = make_plans(config, problems, cores)
+        by_id = {p.task_id: p for p in problems}
+        device_bytes = _service_bytes(reward)
+        runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]] = {}
+        for system in systems:
+            progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
+            outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, progress)
+            runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
+    return workload_result(runs, config, problems, cores)
+
+
+async def _calibrate(client: AsyncClient, config: CodingConfig) -> list[Problem]:
+    """Check every candidate's variants and time its check, once, inside a sandbox."""
+    candidates = candidate_problems(config.num_problems, config.seed)
+    async with await client.create_env(memory=config.env_mem) as env:
+        await env.write_file("runner.py", RUNNER_SOURCE)
+        await env.write_file("problems.json", json.dumps([p.calibration_entry() for p in candidates]))
+        r = await env.exec("python3 runner.py --calibrate problems.json", cpu=1, timeout_s=120.0, kind="calibrate")
+    if not r.ok:
+        raise RuntimeError(f"coding: calibration failed ({r.outcome}, {r.cause}): {r.stderr[-500:]}")
+    return calibrated(candidates, json.loads(r.stdout), config)
+
+
+def _service_bytes(client: AsyncClient) -> int:
+    """Device memory the reward service's replica takes (the same in every system)."""
+    gpu = client.transport.runtime.agent.gpu  # type: ignore[attr-defined]
+    return int(gpu.footprint_bytes(REWARD_SERVICE, 1)) if gpu is not None else 0
+
+
+def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConfig:
+    if system == "tangram":
+        return TangramConfig(scheduler=SchedulerConfig("elastic"))
+    if system in ("k8s-guaranteed", "k8s-burstable"):
+        return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": config.pod_millicores(cores)}))
+    raise ValueError(f"system: must be one of {', '.join(SYSTEMS)}, got {system!r}")
+
+
+async def _run_system(
+    system: str, reward: AsyncClient, problems: dict[str, Problem], plans: list[TrajectoryPlan],
+    config: CodingConfig, cores: int, progress: Progress,
+) -> tuple[list[TrajectoryOutcome], float]:  # fmt: skip
+    """All trajectories at once on a fresh runtime of ``system``; (outcomes, step seconds)."""
+    async with arl_tangram.connect(config=_system_config(system, config, cores), tenant=WORKLOAD) as tg:
+        burstable = config.pod_millicores(cores) if system == "k8s-burstable" else 0
+        ctx = SystemContext(system, tg, reward, problems, config, cores, time.monotonic(), burstable)
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_trajectory(ctx, plan, progress)) for plan in plans]
+        outcomes = [t.result() for t in tasks]
+    step_s = max(o.ended_s for o in outcomes) - min(o.started_s for o in outcomes)
+    return outcomes, step_s
+
+
+def _now(ctx: SystemContext) -> float:
+    return time.monotonic() - ctx.t0
+
+
+async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progress) -> TrajectoryOutcome:
+    """One trajectory: create its env (a pod in the baselines), then up to two turns of
+    think, write, lint, test, reward. The env's start-up wait counts in the first action's
+    queue time (a Pending pod delays the trajectory's first action)."""
+    out = TrajectoryOutcome(plan, _now(ctx))
+    problem = ctx.problems[plan.task_id]
+    env = await ctx.tg.create_env(memory=ctx.config.env_mem, trajectory_id=plan.trajectory_id)
+    out.env_wait_s = env_wait_s = _now(ctx) - out.started_s
+    try:
+        if ctx.burstable_millicores:
+            # Burstable: the pod's request becomes a cpu.shares weight with no quota, on all
+            # cpus, replacing the Guaranteed holding the k8s-static policy placed it with.
+            cpu = ctx.tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
+            await asyncio.to_thread(cpu.hold, env.env_id, ctx.burstable_millicores, limit=False)
+        await env.write_file("runner.py", RUNNER_SOURCE)
+        await env.write_file("problem.json", json.dumps({"test": problem.test, "entry_point": problem.entry_point, "reps": problem.reps}))
+        variants = [plan.first_variant] if plan.first_variant == "canonical" else [plan.first_variant, "canonical"]
+        for turn, variant in enumerate(variants):
+            await asyncio.sleep(plan.think_s[turn])  # the LLM generates the next attempt
+            passed = await _turn(ctx, env, problem, variant, out, env_wait_s if turn == 0 else 0.0)
+            if passed:
+                break
+    finally:
+        await env.release()
+    out.ended_s = _now(ctx)
+    progress.advance(WORKLOAD)
+    return out
+
+
+async def _turn(ctx: SystemContext, env: Any, problem: Problem, variant: str, out: TrajectoryOutcome, extra_queue_s: float) -> bool:
+    """Write, lint, test and score one attempt; returns the test verdict."""
+    solution = problem.solution(variant)
+    await env.write_file("sol.py", solution)
+    lint = await _action(ctx, out, "env", env.exec("python3 -m py_compile sol.py", cpu=1, kind="lint"), extra_queue_s)
+    cpu = Elastic(1, ctx.pool_cores, serial_fraction=ctx.config.serial_fraction())
+    test = await _action(ctx, out, "env", env.exec(
+        "python3 runner.py problem.json sol.py", cpu=cpu, kind="test", timeout_s=ctx.config.test_timeout_s))  # fmt: skip
+    passed = test.outcome == "succeeded" and _report(test).get("reps_run") == problem.reps
+    if lint.outcome != "succeeded" or test.outcome not in ("succeeded", "failed"):
+        out.lost += 1
+    out.verdicts.append((variant, passed))
+    request = {"a": solution[len(problem.prompt):], "b": problem.canonical_body}
+    score = await _action(ctx, out, "reward", ctx.reward.call(REWARD_SERVICE, request))
+    if not score.ok:
+        out.lost += 1
+    out.scores.append((variant, float((score.output or {}).get("score", 0.0))))
+    return passed
+
+
+async def _action(ctx: SystemContext, out: TrajectoryOutcome, category: str, call: Any, extra_queue_s: float = 0.0) -> ActionResult:
+    submitted_s = _now(ctx)
+    result: ActionResult = await call
+    if extra_queue_s:
+        result = _with_queue(result, extra_queue_s)
+        submitted_s -= extra_queue_s
+    out.actions.append(ActionRecord(category, result.kind, submitted_s, result))
+    return result
+
+
+def _with_queue(result: ActionResult, extra_s: float) -> ActionResult:
+    return replace(result, queue_s=result.queue_s + extra_s)
+
+
+def _report(result: ActionResult) -> dict[str, Any]:
+    """The runner's JSON line, or {} when it printed none (a crash)."""
+    try:
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _system_run(
+    system: str, outcomes: list[TrajectoryOutcome], step_s: float, config: CodingConfig, cores: int, device_bytes: int
+) -> SystemRun:
+    """Per-action ACT split, CPU reserved vs used (and their spans over time), per system."""
+    actions = [a for o in outcomes for a in o.actions]
+    reserved, used = [], []
+    for a in actions:
+        if a.category != "env":
+            continue
+        start_s = a.submitted_s + a.result.queue_s
+        end_s = start_s + a.result.exec_s + a.result.overhead_s
+        used.append((start_s, start_s + a.result.exec_s, a.result.cpu_s))
+        if system == "tangram":  # Allocate-on-Execution: cores held only while an action runs
+            reserved.append((start_s, end_s, float(a.result.dop or 1)))
+    if system != "tangram":  # a pod holds its request from creation to release
+        pod_cores = config.pod_millicores(cores) / 1000
+        reserved = [(o.started_s, o.ended_s, pod_cores) for o in outcomes]
+    return SystemRun(
+        system=system,
+        act_s=[a.result.act_s for a in actions],
+        queue_s=[a.result.queue_s for a in actions],
+        exec_s=[a.result.exec_s for a in actions],
+        overhead_s=[a.result.overhead_s for a in actions],
+        step_s=step_s,
+        core_s_reserved=sum((e - s) * c for s, e, c in reserved),
+        core_s_used=sum(c for _, _, c in used),
+        device_bytes=device_bytes,
+        reserved_spans=reserved,
+        used_spans=used,
+    )

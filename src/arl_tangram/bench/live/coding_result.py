@@ -1,0 +1,169 @@
+"""Shell: the live coding workload's outcome: its ``--json`` summary (gains against the
+better baseline, reward correctness) and the distribution parameters the simulator check
+describes it by (means, spreads, fractions; never per-action durations).
+
+Pure: called by ``coding.run_async`` with every system's ``SystemRun`` and trajectories.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from arl_tangram.bench.live.coding_plan import CodingConfig, Problem
+from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+
+if TYPE_CHECKING:
+    from arl_tangram.bench.live.coding import ActionRecord, TrajectoryOutcome
+
+TANGRAM = "tangram"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def _log_sigma(values: Sequence[float]) -> float:
+    """Log-space standard deviation (the lognormal spread), 0 for fewer than two values."""
+    logs = [math.log(v) for v in values if v > 0]
+    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _add_extras(run: SystemRun, outcomes: list[TrajectoryOutcome]) -> None:
+    actions = [a for o in outcomes for a in o.actions]
+    env = [a.act_s for a in actions if a.category == "env"]
+    reward = [a.act_s for a in actions if a.category == "reward"]
+    life_s = sum(o.ended_s - o.started_s for o in outcomes)
+    run.extra.update(
+        mean_env_act_s=_mean(env),
+        mean_reward_act_s=_mean(reward),
+        rewards_correct=_ratio(sum(o.correct for o in outcomes), len(outcomes)),
+        actions_lost=float(sum(o.lost for o in outcomes)),
+        num_actions=float(len(actions)),
+        env_busy_fraction=_ratio(sum(env), life_s),
+        mean_trajectory_s=_ratio(life_s, len(outcomes)),
+    )
+
+
+def workload_result(
+    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem], cores: int
+) -> WorkloadResult:
+    for run, outcomes in runs.values():
+        _add_extras(run, outcomes)
+    systems = [r for r, _ in runs.values()]
+    return WorkloadResult("coding", systems, _summary(runs, config, cores), _fitted(runs, config, problems, cores))
+
+
+def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, cores: int) -> dict[str, Any]:
+    tangram = runs[TANGRAM][0] if TANGRAM in runs else None
+    baselines = [r for name, (r, _) in runs.items() if name != TANGRAM]
+    all_outcomes = [o for _, outs in runs.values() for o in outs]
+    scores = [(v, s) for o in all_outcomes for v, s in o.scores]
+    summary: dict[str, Any] = {
+        "rewards_correct": _ratio(sum(o.correct for o in all_outcomes), len(all_outcomes)),
+        "actions_lost": sum(o.lost for o in all_outcomes),
+        "trajectories_finished": sum(o.ended_s > 0 for o in all_outcomes),
+        "trajectories": len(all_outcomes),
+        "minilm_score_canonical": _mean([s for v, s in scores if v == "canonical"]),
+        "minilm_score_broken": _mean([s for v, s in scores if v != "canonical"]),
+        "num_trajectories": config.num_trajectories,
+        "pool_cores": cores,
+        "pod_millicores": config.pod_millicores(cores),
+        "mean_act_s": {r.system: r.mean_act_s for r, _ in runs.values()},
+        "step_s": {r.system: r.step_s for r, _ in runs.values()},
+    }
+    if tangram is not None and baselines:
+        best_act = min(baselines, key=lambda r: r.mean_act_s)
+        best_step = min(baselines, key=lambda r: r.step_s)
+        summary.update(
+            act_gain=_ratio(best_act.mean_act_s, tangram.mean_act_s),
+            step_gain=_ratio(best_step.step_s, tangram.step_s),
+            best_baseline=best_act.system,
+            act_gain_vs={r.system: _ratio(r.mean_act_s, tangram.mean_act_s) for r in baselines},
+            step_gain_vs={r.system: _ratio(r.step_s, tangram.step_s) for r in baselines},
+            env_act_gain=_ratio(best_act.extra["mean_env_act_s"], tangram.extra["mean_env_act_s"]),
+            reward_act_gain=_ratio(best_act.extra["mean_reward_act_s"], tangram.extra["mean_reward_act_s"]),
+        )
+    return summary
+
+
+def _serial_fraction(tests: list[ActionRecord], declared: float) -> float:
+    """Amdahl s from canonical test runs at DoP 1 and 2 (T2/T1 = s + (1 - s)/2), else declared."""
+    by_dop: dict[int, list[float]] = {}
+    for a in tests:
+        if a.result.outcome == "succeeded" and a.result.dop in (1, 2):
+            by_dop.setdefault(int(a.result.dop), []).append(a.result.exec_s)
+    if len(by_dop.get(1, [])) < 3 or len(by_dop.get(2, [])) < 3:
+        return declared
+    return min(1.0, max(0.0, 2 * _mean(by_dop[2]) / _mean(by_dop[1]) - 1))
+
+
+def _fitted(
+    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem], cores: int
+) -> dict[str, Any]:
+    """The coding workload as distribution parameters, measured on the ARL-Tangram run
+    (exclusive grants, so execution times are the actions' own), for ``sim.workloads.coding``."""
+    outcomes = runs[TANGRAM][1] if TANGRAM in runs else next(iter(runs.values()))[1]
+    actions = [a for o in outcomes for a in o.actions]
+    lints = [a for a in actions if a.kind == "lint"]
+    tests = [a for a in actions if a.kind == "test"]
+    rewards = [a for a in actions if a.category == "reward"]
+    s = _serial_fraction(tests, config.serial_fraction())
+    # a run's work on one core: T(m) = T1 (s + (1 - s) / m)  =>  T1 = T(m) / (s + (1 - s) / m)
+    t_ori = [a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests]
+    env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
+    think_turn_s = config.think_mean_s(cores)
+    # The simulator thinks once before each env action and once before the reward: spread
+    # a trajectory's think time (one per turn here) over those phases.
+    think_total_s = think_turn_s * _mean([len(o.verdicts) for o in outcomes])
+    reward_s = [sum(a.result.exec_s for a in o.actions if a.category == "reward") for o in outcomes]
+    env_wait = [o.env_wait_s for o in outcomes]
+    mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        # sim.workloads.coding.CodingParams, by field name
+        "batch": len(outcomes),
+        "turns_min": min(env_actions, default=0),
+        "turns_max": max(env_actions, default=0),
+        "think_mean_s": _ratio(think_total_s, _mean(env_actions) + 1),
+        "think_sigma": config.think_sigma,
+        "command_mean_s": _mean([a.result.exec_s for a in lints]),
+        "test_fraction": _ratio(len(tests), len(tests) + len(lints)),
+        "test_t_ori_mean_s": _mean(t_ori),
+        "test_serial_fraction": s,
+        "serial_sigma": 0.0,
+        "test_dop_max": cores,
+        "reward_t_ori_mean_s": _mean(reward_s),  # live: MiniLM scoring (CPU device), summed per trajectory
+        "env_mem_bytes": _env_mem_bytes(config),
+        "sigma": _log_sigma(t_ori),
+        # the platform (sim.platform.Platform) and the cluster
+        "action_overhead_s": _mean([a.result.overhead_s for a in actions if a.category == "env"]),
+        "env_start_min_s": min(env_wait, default=0.0),
+        "env_start_max_s": max(env_wait, default=0.0),
+        "cores": cores,
+        "gpu_devices": 1,
+        "cluster": {"cpu_nodes": 1, "cores": cores, "mem_bytes": mem_bytes, "gpu_devices": 1},
+        # more of the live shape, for the report
+        "env_actions_mean": _mean(env_actions),
+        "think_per_turn_mean_s": think_turn_s,
+        "command_sigma": _log_sigma([a.result.exec_s for a in lints]),
+        "test_pass_fraction": _ratio(sum(a.result.outcome == "succeeded" for a in tests), len(tests)),
+        "test_dop_mean": _mean([float(a.result.dop or 1) for a in tests]),
+        "reward_mean_s": _mean([a.result.exec_s for a in rewards]),
+        "reward_sigma": _log_sigma([a.result.exec_s for a in rewards]),
+        "reward_overhead_mean_s": _mean([a.result.overhead_s for a in rewards]),
+        "pod_millicores": config.pod_millicores(cores),
+        "problems": [p.task_id for p in problems],
+    }
+
+
+def _env_mem_bytes(config: CodingConfig) -> int:
+    from arl_tangram.runtime.config import parse_size_bytes
+
+    return parse_size_bytes(config.env_mem, "env_mem")
