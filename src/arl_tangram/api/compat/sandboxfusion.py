@@ -1,0 +1,216 @@
+"""Shell: the SandboxFusion face: ``POST /run_code``, ``POST /run_jupyter``, ``GET /v1/ping``.
+
+Wire format: PROTOCOLS.md (the ``sandbox-fusion`` client's models; unknown fields ignored).
+Each call is stateless: it borrows a warm sandbox of its tenant and memory size from the
+pool, writes the code and ``files``, runs the compile step (``compile_result``) and the
+program (``run_result``) each as one scheduled single-core action, reads ``fetch_files``,
+and gives the sandbox back to be reset. Status rules (verl's client depends on them):
+- the program failed or ran out of time -> HTTP 200, ``Failed`` (``TimeLimitExceeded``);
+- an infrastructure fault (a sandbox that would not start, a run the runtime ended
+  ``error``/``cancelled``) -> HTTP 200, ``SandboxError`` with the cause as ``message``;
+- overload (no sandbox frees in time, the queue or a tenant limit is full) -> 504 with
+  ``Retry-After``, the one status verl retries;
+- an invalid body, a language this host cannot run, bad base64 -> 422 naming the field.
+Served at the root for an unauthenticated server's ``default`` tenant and under
+``/t/<token>/`` for a token's tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import math
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from arl_tangram.api.compat import jupyter
+from arl_tangram.api.compat.languages import resolve
+from arl_tangram.api.compat.pool import env_cpu, run_env_action
+from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
+from arl_tangram.api.state import Overloaded
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.actions import ActionResult, ExecPayload
+from arl_tangram.runtime.controller import EnvFailedError
+
+MAX_TIMEOUT_S = 3600.0
+MAX_FILES = 1000
+router = APIRouter(tags=["sandboxfusion"])
+
+
+class RunCodeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    compile_timeout: float = Field(10.0, gt=0, le=MAX_TIMEOUT_S)
+    run_timeout: float = Field(10.0, gt=0, le=MAX_TIMEOUT_S)
+    memory_limit_MB: int = -1  # noqa: N815 (the wire name)
+    code: str
+    stdin: str | None = None
+    language: str = "python"
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_FILES)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_FILES)
+
+
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    cells: list[str]
+    cell_timeout: float = Field(0.0, ge=0, le=MAX_TIMEOUT_S)
+    total_timeout: float = Field(45.0, gt=0, le=MAX_TIMEOUT_S)
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_FILES)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_FILES)
+
+
+def command_result(r: ActionResult) -> dict[str, Any]:
+    """An action's result as a SandboxFusion ``CommandRunResult``."""
+    stderr = r.stderr
+    if r.outcome in ("succeeded", "failed"):
+        status, code = "Finished", r.exit_code
+    elif r.outcome == "timed_out":
+        status, code = "TimeLimitExceeded", r.exit_code
+    elif r.outcome == "oom_killed":  # the program's fault, as SandboxFusion reports it
+        status, code = "Finished", r.exit_code if r.exit_code not in (None, 0) else 137
+        stderr += "\n[killed: the memory limit was exceeded]"
+    else:
+        status, code = "Error", r.exit_code
+        stderr = f"{stderr}\n{r.cause or r.outcome}".lstrip("\n")
+    return {
+        "status": status, "execution_time": r.exec_s, "cpu_time": r.cpu_s, "return_code": code,
+        "stdout": r.stdout, "stderr": stderr,
+    }  # fmt: skip
+
+
+def overall_status(*steps: dict[str, Any] | None) -> tuple[str, str]:
+    """(status, message) by SandboxFusion's rule: an ``Error`` step -> SandboxError;
+    else a timeout or a non-zero return code -> Failed; else Success."""
+    ran = [s for s in steps if s is not None]
+    for s in ran:
+        if s["status"] == "Error":
+            return "SandboxError", s["stderr"] or "the sandbox failed"
+    for s in ran:
+        if s["status"] == "TimeLimitExceeded" or s["return_code"] != 0:
+            return "Failed", ""
+    return "Success", ""
+
+
+def decode_files(files: dict[str, str | None]) -> dict[str, bytes]:
+    """``files`` as bytes by path (a ``null`` content is skipped); ``SpecError`` naming the path."""
+    out: dict[str, bytes] = {}
+    for path, content in files.items():
+        if content is None:
+            continue
+        try:
+            out[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise SpecError(f"files[{path}]", "must be base64", content[:32]) from None
+    return out
+
+
+def mem_bytes_of(compat: CompatState, memory_limit_mb: int) -> int:
+    if memory_limit_mb <= 0:
+        return compat.settings.default_mem_bytes
+    mem_bytes = memory_limit_mb << 20
+    largest = compat.api.max_env_mem_bytes()
+    if mem_bytes < 16 << 20 or mem_bytes > largest:
+        raise SpecError("memory_limit_MB", f"must be -1 or between 16 and {largest >> 20}", memory_limit_mb)
+    return mem_bytes
+
+
+def _step(argv: tuple[str, ...], stdin: str | None, timeout_s: float) -> ExecPayload:
+    return ExecPayload(argv, stdin.encode() if stdin is not None else None, (), None, timeout_s)
+
+
+async def _write(compat: CompatState, env_id: str, files: dict[str, bytes]) -> None:
+    cpu = env_cpu(compat.api, env_id)
+    for path, data in files.items():
+        await asyncio.to_thread(cpu.write_file, env_id, path, data)
+
+
+async def fetch(compat: CompatState, env_id: str, paths: list[str]) -> dict[str, str]:
+    """The ``fetch_files`` that exist, base64; a missing or unreadable one is left out."""
+    cpu = env_cpu(compat.api, env_id)
+    out: dict[str, str] = {}
+    for path in paths:
+        try:
+            out[path] = base64.b64encode(await asyncio.to_thread(cpu.read_file, env_id, path)).decode()
+        except Exception:  # noqa: BLE001 - SandboxFusion omits files it cannot fetch
+            continue
+    return out
+
+
+async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> dict[str, Any]:
+    """One stateless code run (see the module docstring); raises ``Overloaded`` (-> 504),
+    ``SpecError``/``UnknownLanguage`` (-> 422)."""
+    lang = resolve(body.language)
+    files = decode_files(body.files)
+    mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
+    try:
+        env_id = await compat.pool.acquire(tenant, mem_bytes)
+    except EnvFailedError as exc:
+        return _sandbox_error(str(exc))
+    reusable = False
+    try:
+        await _write(compat, env_id, {**files, lang.source: body.code.encode()})
+        compiled = run = None
+        if lang.compile is not None:
+            r = await run_env_action(compat.api, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout))
+            compiled = command_result(r)
+        if compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0):
+            r = await run_env_action(compat.api, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout))
+            run = command_result(r)
+        status, message = overall_status(compiled, run)
+        fetched = await fetch(compat, env_id, body.fetch_files) if body.fetch_files else {}
+        reusable = status != "SandboxError"
+        return {
+            "status": status, "message": message, "compile_result": compiled, "run_result": run,
+            "executor_pod_name": r.node_id, "files": fetched,
+        }  # fmt: skip
+    finally:
+        compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable)
+
+
+def _sandbox_error(message: str) -> dict[str, Any]:
+    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None, "executor_pod_name": None, "files": {}}
+
+
+def overloaded_response(exc: Exception) -> JSONResponse:
+    retry_after_s = getattr(exc, "retry_after_s", None) or 1.0
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+    return JSONResponse({"detail": f"overloaded, retry: {exc}"}, status_code=504, headers=headers)
+
+
+async def _serve(request: Request, work: Any) -> Any:
+    """Tenant, then ``work(compat, tenant)`` as a task of its own (a client that goes away
+    does not strand a borrowed sandbox); overload -> 504, no credential -> 401."""
+    compat = compat_state(request)
+    try:
+        tenant = tenant_for(compat.api, request.path_params.get("token"))
+    except Unauthorized as exc:
+        return JSONResponse({"detail": f"{exc}; SandboxFusion callers put it in the path: /t/<token>/run_code"}, 401)
+    try:
+        return await asyncio.shield(compat.api.spawn(work(compat, tenant)))
+    except Overloaded as exc:
+        return overloaded_response(exc)
+    except Exception as exc:
+        if type(exc).__name__ in ("OverloadedError", "TenantLimitError"):
+            return overloaded_response(exc)
+        raise
+
+
+@router.get("/v1/ping")
+async def ping() -> str:
+    return "pong"
+
+
+@router.post("/run_code")
+@router.post("/t/{token}/run_code")
+async def run_code_route(request: Request, body: RunCodeRequest) -> Any:
+    return await _serve(request, lambda compat, tenant: run_code(compat, tenant, body))
+
+
+@router.post("/run_jupyter")
+@router.post("/t/{token}/run_jupyter")
+async def run_jupyter_route(request: Request, body: RunJupyterRequest) -> Any:
+    return await _serve(request, lambda compat, tenant: jupyter.run_jupyter(compat, tenant, body))

@@ -1,0 +1,73 @@
+"""Shell: who is calling on the compat faces, and the compat state kept beside ``ApiState``.
+
+The native API's rule, applied to each face's own credential: with no tokens configured
+every call is tenant ``default``; once tokens are configured a call needs a known one.
+SandboxFusion clients send no credential, so that face takes the token from the path
+(``/t/<token>/run_code``); without one it serves only an unauthenticated server's
+``default`` tenant. OpenAI clients send ``Authorization: Bearer``; SWE-ReX ``X-API-Key``.
+Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from arl_tangram.api.compat.pool import CodeEnvPool
+from arl_tangram.api.state import DEFAULT_TENANT, ApiState
+
+
+class Unauthorized(PermissionError):
+    """No known credential: each face answers it in its own error shape (401)."""
+
+
+@dataclass
+class CompatSettings:
+    """Knobs of the faces, set by ``mount_compat``."""
+
+    max_envs: int = 16  # live code sandboxes per (tenant, memory size)
+    max_idle: int = 8  # warm ones kept per (tenant, memory size)
+    acquire_timeout_s: float = 60.0  # a code run waits this long for a sandbox, then 504
+    default_mem_bytes: int = 1 << 30  # a code run's sandbox when memory_limit_MB <= 0
+
+
+@dataclass
+class CompatState:
+    """What the faces keep while the server runs: the code pool and SWE-ReX's envs."""
+
+    api: ApiState
+    settings: CompatSettings
+    pool: CodeEnvPool
+    swerex_envs: dict[str, Any] = field(default_factory=dict)  # internal env id -> its SWE-ReX state
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        for env_id in list(self.swerex_envs):
+            self.swerex_envs.pop(env_id, None)
+            if env_id in self.api.controller.env_specs:
+                self.api.controller.release_env(env_id)
+
+
+def compat_state(request: Request) -> CompatState:
+    state: CompatState = request.app.state.compat
+    return state
+
+
+def tenant_for(state: ApiState, token: str | None) -> str:
+    """The tenant of ``token`` (``None``: no credential given); ``Unauthorized`` otherwise."""
+    if not state.tokens:
+        if token is None or token == "":
+            return DEFAULT_TENANT
+        raise Unauthorized("this server has no tokens: call it without one")
+    if not token:
+        raise Unauthorized("a token is required: this server has tokens configured")
+    found = None
+    for known, tenant in state.tokens.items():  # every token compared: the time says nothing
+        if hmac.compare_digest(known.encode(), token.encode()):
+            found = tenant
+    if found is None:
+        raise Unauthorized("the token is not valid")
+    return found
