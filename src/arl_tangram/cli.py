@@ -1,19 +1,36 @@
 """Shell: the ``arl-tangram`` command line.
 
-Subcommands dispatch lazily so that ``arl-tangram sim ...`` never imports torch, and a
-missing optional dependency fails with a message naming the extra to install.
+- ``serve [--host 127.0.0.1] [--port 8080] [--config FILE]``: the HTTP service in the
+  foreground; prints where it listens; SIGINT/SIGTERM stop it cleanly (every unfinished
+  action ended, every sandbox destroyed).
+- ``status``, ``env create|list|delete``, ``exec``, ``service register|list``: for people,
+  against a running server over its HTTP API (``--url``, default ``$ARL_TANGRAM_URL`` or
+  http://127.0.0.1:8080; ``--token``, default ``$ARL_TANGRAM_TOKEN``).
+- ``sim``, ``bench``, ``version``.
+Subcommands dispatch lazily so that ``arl-tangram sim ...`` never imports torch or the web
+stack, and a missing optional dependency fails with a message naming the extra to install.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
+import json
+import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
+
+import httpx
 
 BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
+CLIENT_COMMANDS = ("status", "env", "exec", "service")
+DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -24,7 +41,177 @@ def _build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a live benchmark")
     bench.add_argument("target", choices=BENCHES)
     sub.add_parser("version", help="print the version")
+    serve = sub.add_parser("serve", help="run the HTTP service in the foreground")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8080, help="port (0: a free one, printed)")
+    serve.add_argument("--config", default=None, help="configuration file (TOML, or YAML with PyYAML)")
+    serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    _add_client_commands(sub)
     return parser
+
+
+def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("ARL_TANGRAM_URL", DEFAULT_URL), help="the server")
+    common.add_argument("--token", default=os.environ.get("ARL_TANGRAM_TOKEN"), help="API token (or $ARL_TANGRAM_TOKEN)")
+    common.add_argument("--json", action="store_true", help="print the server's JSON")
+    sub.add_parser("status", parents=[common], help="pools, queue, sandboxes, services, providers of a server")
+    env = sub.add_parser("env", parents=[common], help="create, list or delete environments")
+    env.add_argument("action", choices=("create", "list", "delete"))
+    env.add_argument("env_id", nargs="?", help="the env (delete; optional for create)")
+    env.add_argument("--memory", default="1GiB")
+    ex = sub.add_parser("exec", parents=[common], help="run a command in an env and print its output")
+    ex.add_argument("env_id")
+    ex.add_argument("argv", nargs="+", help="the command (one string: run by bash -c)")
+    ex.add_argument("--cpu", type=int, default=1, help="cores (DoP)")
+    ex.add_argument("--timeout", type=float, default=60.0, help="timeout_s of the command")
+    svc = sub.add_parser("service", parents=[common], help="register or list model services")
+    svc.add_argument("action", choices=("register", "list"))
+    svc.add_argument("name", nargs="?")
+    svc.add_argument("--handler", choices=("embed", "score", "logprobs"))
+    svc.add_argument("--folder")
+    svc.add_argument("--module")
+
+
+def _missing(command: str, exc: ModuleNotFoundError, extra: str) -> int:
+    print(
+        f"arl-tangram: {command} needs the optional dependency '{exc.name}'; install it with: pip install 'arl-tangram[{extra}]'",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from arl_tangram.api.main import serve_forever
+    except ModuleNotFoundError as exc:
+        if exc.name and not exc.name.startswith("arl_tangram"):
+            return _missing("serve", exc, "service,cpu")
+        raise
+    return serve_forever(args.host, args.port, args.config, args.log_level)
+
+
+# -- commands for people, over the HTTP API (httpx only) -----------------------------------
+class _Progress:
+    """A spinner with the elapsed seconds on stderr while a long request runs (a TTY only)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self) -> None:
+        started = time.monotonic()
+        for frame in itertools.cycle("|/-\\"):
+            if self.stop.wait(0.2):
+                break
+            sys.stderr.write(f"\r{frame} {self.what} ({time.monotonic() - started:.0f} s)")
+            sys.stderr.flush()
+        sys.stderr.write(f"\r{self.what}: done in {time.monotonic() - started:.1f} s\n")
+
+    def __enter__(self) -> _Progress:
+        if sys.stderr.isatty():
+            self.thread.start()
+        else:
+            print(f"{self.what}...", file=sys.stderr)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+def _request(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    response = http.request(method, path, **kwargs)
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+            message = body.get("error") or body
+        except ValueError:
+            message = response.text
+        raise SystemExit(f"arl-tangram: {method} {path}: HTTP {response.status_code}: {message}")
+    return response.json() if response.content else None
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    print(f"tenant {s['tenant']}: {s['num_envs']} env(s), {s['num_pending_actions']} pending action(s) (bound {s['max_queued_actions']})")
+    print("queue:     " + ", ".join(f"{lane} {n}" for lane, n in s["queue"].items()))
+    for p in s["pools"]:
+        print(f"pool:      {p['pool']:<14} {p['resource']:<15} used {p['used']}/{p['capacity']} ({100 * p['utilisation']:.0f}%), reserved {p['reserved']}")
+    print("sandboxes: " + (", ".join(f"{k} {v}" for k, v in sorted(s["sandboxes"].items())) or "none"))
+    print("services:  " + (", ".join(s["services"]) or "none"))
+    print("providers: " + (", ".join(s["providers"]) or "none"))
+
+
+def _exec(http: httpx.Client, args: argparse.Namespace) -> int:
+    command: Any = args.argv[0] if len(args.argv) == 1 else list(args.argv)
+    body = {"type": "exec", "env_id": args.env_id, "command": command, "cpu": {"min": args.cpu, "max": args.cpu}, "timeout_s": args.timeout}
+    view = _request(http, "POST", "/v1/actions", json=body, params={"wait_s": 20})
+    while view["state"] != "done":
+        view = _request(http, "GET", f"/v1/actions/{view['action_id']}/wait", params={"timeout_s": 20})
+    r = view["result"]
+    if args.json:
+        print(json.dumps(view, indent=2))
+    else:
+        sys.stdout.write(r["stdout"])
+        sys.stderr.write(r["stderr"])
+        if r["outcome"] != "succeeded":
+            print(f"arl-tangram: {r['outcome']}" + (f" ({r['cause']})" if r["cause"] else ""), file=sys.stderr)
+    return int(r["exit_code"]) if r["exit_code"] is not None else 1
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    """``status``, ``env``, ``exec``, ``service`` against the server at ``args.url``."""
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    with httpx.Client(base_url=args.url, headers=headers, timeout=httpx.Timeout(600.0, connect=5.0)) as http:
+        try:
+            return _client_command(http, args)
+        except httpx.TransportError as exc:
+            raise SystemExit(f"arl-tangram: cannot reach {args.url}: {exc} (is `arl-tangram serve` running?)") from None
+
+
+def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
+    out: Any
+    if args.command == "status":
+        out = _request(http, "GET", "/v1/status")
+        if not args.json:
+            _print_status(out)
+            return 0
+    elif args.command == "exec":
+        return _exec(http, args)
+    elif args.command == "env" and args.action == "create":
+        body = {"memory": args.memory, **({"env_id": args.env_id} if args.env_id else {})}
+        with _Progress("creating the env"):
+            out = _request(http, "POST", "/v1/envs", json=body)
+        if not args.json:
+            print(out["env_id"])
+            return 0
+    elif args.command == "env" and args.action == "list":
+        out = _request(http, "GET", "/v1/envs")
+        if not args.json:
+            for e in out["envs"]:
+                print(f"{e['env_id']}  {e['mem_bytes']} bytes  running {e['num_running']}")
+            return 0
+    elif args.command == "env":
+        if not args.env_id:
+            raise SystemExit("arl-tangram: env delete needs an env id")
+        _request(http, "DELETE", f"/v1/envs/{args.env_id}")
+        return 0
+    elif args.action == "register":
+        if not args.name or not args.handler:
+            raise SystemExit("arl-tangram: service register needs a name and --handler")
+        body = {"name": args.name, "handler": args.handler, "folder": args.folder, "module": args.module}
+        with _Progress(f"registering {args.name} (loading the model once)"):
+            out = _request(http, "POST", "/v1/services", json=body)
+    else:
+        out = _request(http, "GET", "/v1/services")
+        if not args.json:
+            for svc in out["services"]:
+                print(f"{svc['name']}  {svc['state']}  {'shared' if svc['shared'] else 'own'}  {svc['weight_bytes']} bytes")
+            return 0
+    print(json.dumps(out, indent=2))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "serve":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return _serve(args)
+    if args.command in CLIENT_COMMANDS:
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return run_client_command(args)
     module_name = (
         SIM_MODULES.get(args.experiment, f"arl_tangram.sim.cli_{args.experiment}")
         if args.command == "sim"
@@ -45,12 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and not exc.name.startswith("arl_tangram"):
-            print(
-                f"arl-tangram: {args.command} needs the optional dependency '{exc.name}'; "
-                "install it with: pip install 'arl-tangram[gpu,cpu,plots]'",
-                file=sys.stderr,
-            )
-            return 2
+            return _missing(args.command, exc, "gpu,cpu,plots")
         raise
     return int(module.main(rest))
 

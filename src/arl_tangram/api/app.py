@@ -63,7 +63,7 @@ def create_app(
         try:
             yield
         finally:
-            state.closing = True
+            state.begin_stopping()
             restore()
             if owned:
                 await runtime.aclose()

@@ -68,9 +68,11 @@ def view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
     }
 
 
-async def _wait(record: ActionRecord, timeout_s: float) -> None:
+async def _wait(state: ApiState, record: ActionRecord, timeout_s: float) -> None:
+    """Up to ``timeout_s`` for the result, or until the server begins to stop; never
+    cancels the action."""
     if record.result is None and timeout_s > 0:
-        await asyncio.wait((record.done,), timeout=timeout_s)  # never cancels the action
+        await asyncio.wait((record.done, state.stopping), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
 
 
 WaitS = Annotated[float, Query(ge=0.0, le=MAX_WAIT_S, description="wait up to this long for the result")]
@@ -95,7 +97,7 @@ async def submit_action(
         record.extra["type"] = body.type
         record.extra["kind"] = body.service if isinstance(body, ServiceAction) else spec.kind
         state.metrics.submitted_one(body.type, tenant)
-    await _wait(record, wait_s)
+    await _wait(state, record, wait_s)
     return json_response(view(state, tenant, record), 201)
 
 
@@ -108,7 +110,7 @@ async def get_action(state: State, tenant: Tenant, action_id: str) -> Response:
 async def wait_action(state: State, tenant: Tenant, action_id: str, timeout_s: WaitS = 30.0) -> Response:
     """Wait up to ``timeout_s`` for the result; ``state`` says whether it came."""
     record = state.record(tenant, action_id)
-    await _wait(record, timeout_s)
+    await _wait(state, record, timeout_s)
     return json_response(view(state, tenant, record))
 
 
@@ -154,6 +156,8 @@ async def _events(state: ApiState, tenant: str, record: ActionRecord) -> AsyncIt
             return
         # queued -> running has no signal of its own: poll it; running -> done is the future
         timeout_s = 0.02 if now == "queued" else 15.0
-        done, _ = await asyncio.wait((record.done,), timeout=timeout_s)
+        done, _ = await asyncio.wait((record.done, state.stopping), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if state.stopping.done() and record.result is None:
+            return
         if not done and now == "running":
             yield ": keep-alive\n\n"

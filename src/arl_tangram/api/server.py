@@ -41,23 +41,33 @@ def make_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
 async def serve(app: Any, host: str, port: int, *, on_listening: Callable[[str], None] | None = None, log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers, main thread) or ``should_exit``."""
     sock = bind(host, port)
-    server = make_server(app, log_level=log_level)
+    try:
+        await serve_on(make_server(app, log_level=log_level), sock, on_listening)
+    finally:
+        sock.close()
 
-    async def announce() -> None:
+
+async def serve_on(server: uvicorn.Server, sock: socket.socket, on_listening: Callable[[str], None] | None = None) -> None:
+    """Run ``server`` on ``sock``; once it is told to stop, the app's long polls are told
+    first (``ApiState.begin_stopping``) so the graceful shutdown is not spent waiting."""
+
+    async def watch() -> None:
         while not server.started and not server.should_exit:
             await asyncio.sleep(0.01)
         if server.started and on_listening is not None:
             name = sock.getsockname()
             shown = f"[{name[0]}]" if ":" in name[0] else name[0]
             on_listening(f"http://{shown}:{name[1]}")
+        while not server.should_exit:
+            await asyncio.sleep(0.05)
+        api = getattr(server.config.app.state, "api", None) if hasattr(server.config.app, "state") else None
+        if api is not None:
+            api.begin_stopping()
 
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(announce())
-            await server.serve(sockets=[sock])
-            server.should_exit = True  # ends ``announce`` if the startup failed
-    finally:
-        sock.close()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(watch())
+        await server.serve(sockets=[sock])
+        server.should_exit = True  # ends ``watch`` if the startup failed
 
 
 class ServerThread:
@@ -75,7 +85,8 @@ class ServerThread:
 
     def _run(self) -> None:
         try:
-            self.server.run(sockets=[self.sock])
+            with asyncio.Runner(loop_factory=self.server.config.get_loop_factory()) as runner:
+                runner.run(serve_on(self.server, self.sock))
         except BaseException as exc:  # reported by start()/stop() in the caller's thread
             self.error = exc
 

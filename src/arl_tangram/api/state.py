@@ -118,6 +118,13 @@ class ApiState:
         self.metrics: ApiMetrics = ApiMetrics()
         self.create_timeout_s = DEFAULT_CREATE_TIMEOUT_S
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def begin_stopping(self) -> None:
+        """The server is stopping: new submissions get 503, waits answer now (idempotent)."""
+        self.closing = True
+        if not self.stopping.done():
+            self.stopping.set_result(None)
 
     # -- work that outlives a request -------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
