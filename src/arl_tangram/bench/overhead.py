@@ -9,6 +9,9 @@
   through the SDK; mean of (ACT - the execution time the loop measured inside the sandbox)
   / ACT, where ACT is the caller's wall time from the call to its result. Queueing, the
   cgroup resize, the launch into the sandbox and the result's way back all count.
+- ``http_submit_to_start_p50_ms`` / ``_p99_ms`` and ``http_noop_actions_per_s``: the same
+  no-resource actions through the HTTP service (``overhead_http``: a real ``arl-tangram
+  serve`` subprocess, 32 concurrent keep-alive clients, one action per request).
 
 Prints one flat JSON object with ``--json``; figures are whatever was measured.
 """
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import arl_tangram
+from arl_tangram.bench.overhead_http import measure_http
 from arl_tangram.client import AsyncClient
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.runtime.actions import NoopPayload
@@ -114,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print("bench overhead: measuring (about a minute at full size)...", file=sys.stderr)
     result = asyncio.run(measure(args.quick))
+    result.update(measure_http(args.quick))  # after: the in-process runtime is closed by now
     if args.json:
         print(json.dumps(result))
     else:
