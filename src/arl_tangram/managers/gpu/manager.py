@@ -48,13 +48,12 @@ from arl_tangram.managers.gpu.errors import (
     UnknownServiceError,
 )
 from arl_tangram.managers.gpu.execution import run_items
-from arl_tangram.managers.gpu.extents import Extent
 from arl_tangram.managers.gpu.handlers import HANDLERS
 from arl_tangram.managers.gpu.relocation import Relocator
 from arl_tangram.managers.gpu.replica import Replica, ReplicaState
 from arl_tangram.managers.gpu.routing import device_context
-from arl_tangram.managers.gpu.service import LoadedModel, ModelService, ServiceInfo
-from arl_tangram.managers.gpu.status import manager_status
+from arl_tangram.managers.gpu.service import LoadedModel, ModelService, ServiceInfo, as_loaded
+from arl_tangram.managers.gpu.status import check_extents, manager_status
 
 Factory = Callable[[], "torch.nn.Module | LoadedModel"]
 _MAX_TOMBSTONES = 4096  # evicted/failed replica ids remembered for clear errors
@@ -133,9 +132,8 @@ class GpuManager:
                 self._lock.wait(0.05)
             for replica in replicas:
                 self._release(replica)
-                with replica.cond:
-                    _end_on_close(replica)
-                replica.drop()
+                replica.end_on_close()
+                replica.drop()  # not recycled: a forward may still be in it
             self._replicas.clear()
         for arena in self._arenas:
             arena.close()
@@ -172,7 +170,7 @@ class GpuManager:
         device of the node could hold even split over all of them raises ``NeverFitsError``
         and is not registered.
         """
-        return self._register(name, lambda: _as_loaded(factory()), handler)
+        return self._register(name, lambda: as_loaded(factory()), handler)
 
     def register_folder(self, name: str, path: str | Path, handler: str) -> ServiceInfo:
         """Register a local model folder (safetensors + config.json, optional tokenizer)."""
@@ -309,7 +307,7 @@ class GpuManager:
                         replica.error = f"{type(exc).__name__}: {exc}"
                         replica.transition(ReplicaState.FAILED)
                     self._lock.notify_all()
-                replica.drop()
+                replica.drop(recycle=True)  # state FAILED from LOADING: no run ever entered
                 raise
 
     def _check_devices(self, devices: Sequence[int]) -> list[int]:
@@ -357,7 +355,7 @@ class GpuManager:
                 with replica.cond:
                     replica.transition(ReplicaState.EVICTED)
                 self._lock.notify_all()
-            replica.drop()
+            replica.drop(recycle=True)  # drained: no run is in its module
 
     def _release(self, replica: Replica) -> None:
         """Free the replica's extents (lock held). Idempotent."""
@@ -440,41 +438,4 @@ class GpuManager:
     def check_invariants(self) -> None:
         """Extent accounting is consistent and equals what live replicas hold (tests)."""
         with self._lock:
-            for index, arena in enumerate(self._arenas):
-                if arena.buffer.numel() == 0:
-                    continue  # closed
-                arena.extents.check_invariants()
-                held: list[Extent] = [
-                    extent
-                    for r in self._replicas.values()
-                    for d, extent in zip(r.devices, r.extents, strict=True)
-                    if d == index and extent is not None
-                ]
-                assert sum(e.size_bytes for e in held) == arena.extents.used_bytes, (
-                    f"device {index}: replicas hold {sum(e.size_bytes for e in held)}, "
-                    f"accounting says {arena.extents.used_bytes}"
-                )
-
-
-def _end_on_close(replica: Replica) -> None:
-    """Close ends every replica (replica lock held)."""
-    if replica.state in (ReplicaState.LOADING, ReplicaState.RESIDENT, ReplicaState.EVICTING):
-        replica.transition(ReplicaState.FAILED)
-        replica.error = "the GPU manager closed"
-    elif replica.state is ReplicaState.MOVING:
-        replica.transition(ReplicaState.EVICTED)
-
-
-def _as_loaded(built: Any) -> LoadedModel:
-    if isinstance(built, LoadedModel):
-        return built
-    if not isinstance(built, torch.nn.Module):
-        raise TypeError(
-            f"factory must return a torch.nn.Module or LoadedModel, got {type(built).__name__}"
-        )
-    config = getattr(built, "config", None)
-    vocab = getattr(config, "vocab_size", None)
-    max_length = getattr(config, "max_position_embeddings", None) or 512
-    return LoadedModel(
-        module=built, vocab_size=int(vocab) if vocab else None, max_length=int(max_length)
-    )
+            check_extents(self._arenas, self._replicas.values())

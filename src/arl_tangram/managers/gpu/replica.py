@@ -2,8 +2,10 @@
 
 A replica is created by ``GpuManager.load`` under the id the core chose. Its weights live in
 one arena extent per device (``extents[i]`` on ``devices[i]`` holds shard ``i``); its module
-is a skeleton copy of the service's host module whose tensors are views of those extents, so
-several replicas of one service serve at once, each with its own device copy.
+is a skeleton of the service's module tree (``skeleton.py``: taken from the service's pool,
+used by no other live replica) whose tensors are bound to views of those extents, so several
+replicas of one service serve at once, each with its own device copy. A swap-in is the copy
+of the host bytes plus that binding; the module tree is not rebuilt.
 
 Each replica has its own condition variable guarding ``state`` and ``num_in_flight``; the
 manager's lock is taken before a replica's, never after (lock order: manager -> replica).
@@ -13,7 +15,6 @@ Runs enter only in ``RESIDENT``; ``MOVING`` (compaction) and ``LOADING`` make th
 
 from __future__ import annotations
 
-import copy
 import enum
 import threading
 import time
@@ -31,7 +32,8 @@ from arl_tangram.managers.gpu.errors import (
 from arl_tangram.managers.gpu.extents import Extent
 from arl_tangram.managers.gpu.layout import Shard
 from arl_tangram.managers.gpu.routing import install_routing, module_devices
-from arl_tangram.managers.gpu.service import LoadedModel, ModelService, point_tensors
+from arl_tangram.managers.gpu.service import LoadedModel, ModelService
+from arl_tangram.managers.gpu.skeleton import Skeleton
 
 
 class ReplicaState(enum.Enum):
@@ -99,6 +101,7 @@ class Replica:
         self.route_log: list[Any] | None = None  # set to a list to trace routing (tests)
         self._hooks: list[Any] = []
         self._arenas: list[DeviceArena] = []
+        self._skeleton: Skeleton | None = None
 
     # -- state machine -------------------------------------------------------------------
     def transition(self, new: ReplicaState) -> None:
@@ -109,6 +112,15 @@ class Replica:
             )
         self.state = new
         self.cond.notify_all()
+
+    def end_on_close(self) -> None:
+        """Close ends the replica: live states fail, a move ends evicted (takes ``cond``)."""
+        with self.cond:
+            if self.state in (ReplicaState.LOADING, ReplicaState.RESIDENT, ReplicaState.EVICTING):
+                self.transition(ReplicaState.FAILED)
+                self.error = "the GPU manager closed"
+            elif self.state is ReplicaState.MOVING:
+                self.transition(ReplicaState.EVICTED)
 
     def enter(self, deadline: float, closed: threading.Event) -> None:
         """Start a run: wait out LOADING/MOVING (until ``deadline``), refuse the end states."""
@@ -175,9 +187,9 @@ class Replica:
 
     # -- device copy (no lock held: the extents are reserved for this replica) ------------
     def materialise(self, arenas: list[DeviceArena]) -> None:
-        """Copy every shard into its extent and build the module that uses the copies."""
+        """Copy every shard into its extent, then bind a pooled skeleton to the copies."""
         service = self.service
-        assert service.model is not None
+        assert service.model is not None and service.skeletons is not None
         self._arenas = [arenas[d] for d in self.devices]
         for shard, extent, arena in zip(self.shards, self.extents, self._arenas, strict=True):
             assert extent is not None
@@ -189,10 +201,15 @@ class Replica:
             self.tensor_device[shard.first_tensor : shard.stop_tensor] = [i] * (
                 shard.stop_tensor - shard.first_tensor
             )
-        self.model = _skeleton(service.model)
-        point_tensors(self.model.module, service.refs, self._views())
+        self._skeleton = service.skeletons.acquire(self._devices_key)
+        self.model = self._skeleton.model
+        self._skeleton.bind(self._views())
         if len(self.shards) > 1:
             self._install_routing()
+
+    @property
+    def _devices_key(self) -> tuple[str, ...]:
+        return tuple(str(arena.device) for arena in self._arenas)
 
     def _views(self) -> list[torch.Tensor]:
         service = self.service
@@ -213,8 +230,8 @@ class Replica:
 
     def repoint(self) -> None:
         """Point the module at the current extents (after a move's copy; runs are held off)."""
-        assert self.model is not None
-        point_tensors(self.model.module, self.service.refs, self._views())
+        assert self._skeleton is not None
+        self._skeleton.bind(self._views())
 
     def _install_routing(self) -> None:
         assert self.model is not None
@@ -242,42 +259,15 @@ class Replica:
     def home_device(self) -> torch.device:
         return self._arenas[0].device
 
-    def drop(self) -> None:
-        """Forget the device copy (after its extents were released)."""
+    def drop(self, recycle: bool = False) -> None:
+        """Forget the device copy (after its extents were released). ``recycle``: no run can be
+        in the module any more (drained eviction, failed load), so its skeleton goes back to
+        the service's pool; otherwise (close, runs maybe still in it) it is left to the GC."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        skeleton, self._skeleton = self._skeleton, None
+        if recycle and skeleton is not None and self.service.skeletons is not None:
+            self.service.skeletons.release(self._devices_key, skeleton)
         self.model = None
         self._arenas = []
-
-
-_COPIED = (torch.Tensor, torch.nn.Module, dict, list, set, tuple)
-
-
-def _skeleton(model: LoadedModel) -> LoadedModel:
-    """A copy of the module tree that shares no tensor storage with the host module.
-
-    Every weight is pre-seeded in ``deepcopy``'s memo with an empty placeholder, so only
-    the module objects are copied (cheap), never the weights; ``point_tensors`` then
-    points the copy at device views. Tokenizer and limits are shared.
-    """
-    memo: dict[int, Any] = {}
-    for submodule in model.module.modules():
-        for key, value in vars(submodule).items():
-            # Plain attributes (configs, events, callables) are shared, not copied: read-only
-            # at inference and not always copyable. Containers are copied: they hold hooks.
-            if not key.startswith("_") and not isinstance(value, _COPIED):
-                memo[id(value)] = value
-    for param in model.module.parameters():
-        memo[id(param)] = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=False)
-    for buffer in model.module.buffers():
-        memo[id(buffer)] = torch.empty(0, dtype=buffer.dtype)
-    module = copy.deepcopy(model.module, memo)
-    return LoadedModel(
-        module,
-        model.tokenizer,
-        model.vocab_size,
-        model.max_length,
-        model.pad_token_id,
-        model.tokenizer_lock,
-    )

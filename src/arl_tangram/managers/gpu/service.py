@@ -27,6 +27,7 @@ from arl_tangram.managers.gpu.layout import (
     plan_host_layout,
     plan_shards,
 )
+from arl_tangram.managers.gpu.skeleton import SkeletonPool
 
 
 @dataclass
@@ -123,6 +124,7 @@ class ModelService:
         self.host_layout = plan_host_layout([])
         self.host = torch.empty(0, dtype=torch.uint8)
         self._registered_ptr: int | None = None
+        self.skeletons: SkeletonPool | None = None  # replicas' module trees (``skeleton.py``)
         self._shards: dict[int, tuple[Shard, ...]] = {}
         self._shards_lock = threading.Lock()
 
@@ -141,7 +143,8 @@ class ModelService:
         )
 
     def adopt(self, model: LoadedModel, pin: bool, align_bytes: int = DEFAULT_ALIGN_BYTES) -> None:
-        """Move the freshly built module's weights into the host copy (called once, no lock)."""
+        """Move the freshly built module's weights into the host copy and build the first
+        replica skeleton (called once, no lock)."""
         model.module.eval()
         model.module.requires_grad_(False)
         self.refs, values, self.units = collect_tensors(model.module)
@@ -154,6 +157,7 @@ class ModelService:
             for view, value in zip(views, values, strict=True):
                 view.copy_(value)
         point_tensors(model.module, self.refs, views)
+        self.skeletons = SkeletonPool(model, self.refs)
         self.model = model
 
     def _pin(self) -> None:
@@ -178,7 +182,10 @@ class ModelService:
             return self._shards[num_devices]
 
     def release_host(self) -> None:
-        """Unregister the pinned host copy (manager close). Idempotent."""
+        """Unregister the pinned host copy and empty the skeleton pool (manager close; its
+        skeletons alias arena bytes). Idempotent."""
+        if self.skeletons is not None:
+            self.skeletons.close()
         if self._registered_ptr is not None:
             torch.cuda.cudart().cudaHostUnregister(self._registered_ptr)
             self._registered_ptr = None
@@ -186,3 +193,20 @@ class ModelService:
     @property
     def is_pinned(self) -> bool:
         return self._registered_ptr is not None
+
+
+def as_loaded(built: Any) -> LoadedModel:
+    """What a ``register_module`` factory returned, as a ``LoadedModel`` (limits read from an
+    HF-style ``config`` when the module has one)."""
+    if isinstance(built, LoadedModel):
+        return built
+    if not isinstance(built, torch.nn.Module):
+        raise TypeError(
+            f"factory must return a torch.nn.Module or LoadedModel, got {type(built).__name__}"
+        )
+    config = getattr(built, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    max_length = getattr(config, "max_position_embeddings", None) or 512
+    return LoadedModel(
+        module=built, vocab_size=int(vocab) if vocab else None, max_length=int(max_length)
+    )

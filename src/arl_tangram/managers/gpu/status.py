@@ -1,11 +1,13 @@
-"""Shell: JSON-able snapshots of devices, services and replicas for ``GpuManager.status``."""
+"""Shell: JSON-able snapshots of devices, services and replicas for ``GpuManager.status``, and
+the accounting check behind ``GpuManager.check_invariants``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from arl_tangram.managers.gpu.arena import DeviceArena
+from arl_tangram.managers.gpu.extents import Extent
 from arl_tangram.managers.gpu.replica import Replica, ReplicaState
 from arl_tangram.managers.gpu.service import ModelService
 
@@ -65,3 +67,25 @@ def manager_status(
             for r in replicas.values()
         },
     }
+
+
+def check_extents(arenas: Sequence[DeviceArena], replicas: Iterable[Replica]) -> None:
+    """Each open arena's accounting is consistent and equals the bytes its replicas hold.
+
+    Call with the manager's lock held.
+    """
+    replicas = list(replicas)
+    for index, arena in enumerate(arenas):
+        if arena.buffer.numel() == 0:
+            continue  # closed
+        arena.extents.check_invariants()
+        held: list[Extent] = [
+            extent
+            for r in replicas
+            for d, extent in zip(r.devices, r.extents, strict=True)
+            if d == index and extent is not None
+        ]
+        assert sum(e.size_bytes for e in held) == arena.extents.used_bytes, (
+            f"device {index}: replicas hold {sum(e.size_bytes for e in held)}, "
+            f"accounting says {arena.extents.used_bytes}"
+        )

@@ -1,0 +1,107 @@
+"""A swap-in is the copy of host bytes plus pointer rebinding: the module tree is built once per
+service and reused; replicas live at once never share a module or storage; eviction frees
+exactly the extent; close forgets the pooled trees (they alias arena bytes)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from arl_tangram.managers.gpu import GpuManager
+
+TOKENS = [5, 17, 300, 1024, 7, 7, 2048, 4000, 12, 99]
+
+
+def _count_deepcopies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = copy.deepcopy
+
+    def counting(value: Any, memo: Any = None, _nil: Any = ()) -> Any:
+        if isinstance(value, torch.nn.Module) and memo is not None:
+            calls[0] += 1  # a module tree copy (the top call of one)
+        return real(value, memo)
+
+    monkeypatch.setattr(copy, "deepcopy", counting)
+    return calls
+
+
+def _logits(module: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return module(torch.tensor([TOKENS])).logits
+
+
+def test_reload_rebinds_a_pooled_module_tree_instead_of_copying_one(
+    make_manager: Callable[..., GpuManager],
+    teacher_folders: list[Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manager = make_manager([64 << 20])
+    manager.register_folder("teacher", teacher_folders[0], "logprobs")
+    host = manager._services["teacher"].model.module  # type: ignore[union-attr]
+    copies = _count_deepcopies(monkeypatch)
+    manager.load("r1", "teacher", [0])
+    first = manager._replicas["r1"].model.module  # type: ignore[union-attr]
+    expected = _logits(host)
+    assert torch.equal(_logits(first), expected)
+    manager.evict("r1")
+    manager._arenas[0].buffer.fill_(0xFF)  # stale arena bytes must not matter
+    manager.load("r2", "teacher", [0])
+    second = manager._replicas["r2"].model.module  # type: ignore[union-attr]
+    assert copies[0] == 0, "a load copied the module tree (built at registration, then reused)"
+    assert second is first
+    assert torch.equal(_logits(second), expected)  # bound to the new copy, not to stale bytes
+    buffer = manager._arenas[0].buffer
+    for tensor in list(second.parameters()) + list(second.buffers()):
+        if tensor.numel():
+            assert buffer.data_ptr() <= tensor.data_ptr() < buffer.data_ptr() + buffer.numel()
+
+
+def test_live_replicas_never_share_a_module_or_storage_and_evict_frees_the_extent(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path], teacher_footprint: int
+) -> None:
+    manager = make_manager([3 * teacher_footprint])
+    manager.register_folder("teacher", teacher_folders[1], "logprobs")
+    manager.load("a", "teacher", [0])
+    manager.load("b", "teacher", [0])  # a second live replica: a second tree
+    free_with_two = manager.device_free_bytes()[0]
+    module_a = manager._replicas["a"].model.module  # type: ignore[union-attr]
+    manager.evict("a")
+    assert manager.device_free_bytes()[0] == free_with_two + teacher_footprint
+    manager.load("c", "teacher", [0])  # takes a's tree back, bound to its own extent
+    module_b = manager._replicas["b"].model.module  # type: ignore[union-attr]
+    module_c = manager._replicas["c"].model.module  # type: ignore[union-attr]
+    assert module_c is module_a and module_c is not module_b
+    pointers_b = {t.data_ptr() for t in module_b.parameters() if t.numel()}
+    pointers_c = {t.data_ptr() for t in module_c.parameters() if t.numel()}
+    assert pointers_b and not pointers_b & pointers_c
+    assert manager.run("b", {"tokens": TOKENS}) == manager.run("c", {"tokens": TOKENS})
+    pool = manager._services["teacher"].skeletons
+    assert pool is not None and pool.num_built == 2 and pool.num_pooled == 0
+    manager.evict("b")
+    manager.evict("c")
+    assert manager.device_free_bytes() == manager.device_capacity_bytes()
+    assert pool.num_pooled == 2
+    manager.close()
+    assert pool.num_pooled == 0  # closed: nothing keeps views of the freed arena
+
+
+def test_multi_device_reload_reuses_the_tree_and_routes_again(
+    make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
+) -> None:
+    manager = make_manager([32 << 20, 32 << 20])
+    manager.register_folder("teacher", teacher_folders[2], "logprobs")
+    manager.load("whole", "teacher", [0])
+    expected = manager.run("whole", {"tokens": TOKENS})
+    manager.load("split", "teacher", [0, 1])
+    assert manager.run("split", {"tokens": TOKENS}) == expected
+    manager.evict("split")
+    manager.load("split2", "teacher", [0, 1])
+    log: list[Any] = []
+    manager._replicas["split2"].set_route_log(log)
+    assert manager.run("split2", {"tokens": TOKENS}) == expected
+    assert {index for _, index, _ in log} == {0, 1}  # hooks installed again on the reused tree
