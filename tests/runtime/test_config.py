@@ -13,12 +13,14 @@ from arl_tangram.core.policies.k8s_static import K8sStaticPolicy
 from arl_tangram.core.topology import QuotaPoolSpec
 from arl_tangram.runtime.config import (
     ConfigError,
+    ServiceSettings,
     TangramConfig,
     load_config,
     parse_config,
     parse_size_bytes,
     quota_pools,
 )
+from arl_tangram.runtime.embedded import cluster_spec
 
 FULL = textwrap.dedent(
     """
@@ -212,3 +214,88 @@ def test_sizes() -> None:
     for bad in (0, -1, True, "0B", "many"):
         with pytest.raises(ConfigError):
             parse_size_bytes(bad, "x")
+
+
+SERVICE = textwrap.dedent(
+    """
+    [service]
+    journal_path = "/var/lib/arl-tangram/journal.sqlite"
+    env_idle_ttl_s = 120
+    result_retention_s = 0.5
+    max_queued_actions = 64
+
+    [tenants.team-a]
+    token = "tok-a"
+    weight = 2.5
+    max_envs = 8
+    max_concurrent_actions = 100
+    max_mem_bytes = "16GiB"
+
+    [tenants.team-b]
+    token_env = "TEAM_B_TOKEN"
+
+    [tenants.local]
+    max_envs = 2
+    """
+)
+
+
+def test_service_and_tenants() -> None:
+    config = parse_config(SERVICE, environ={"TEAM_B_TOKEN": " tok-b "})
+    service = config.service
+    assert (service.journal_path, service.env_idle_ttl_s, service.result_retention_s) == ("/var/lib/arl-tangram/journal.sqlite", 120.0, 0.5)
+    assert service.max_queued_actions == 64
+    a, b, local = config.tenants["team-a"], config.tenants["team-b"], config.tenants["local"]
+    assert (a.token, a.weight, a.max_envs, a.max_concurrent_actions, a.max_mem_bytes) == ("tok-a", 2.5, 8, 100, 16 << 30)
+    assert (b.token, b.weight, b.max_envs, b.max_mem_bytes) == ("tok-b", 1.0, None, None)
+    assert (local.token, local.max_envs) == (None, 2)
+    assert "tok-a" not in repr(config) and "tok-b" not in repr(config)
+    defaults = TangramConfig()
+    assert defaults.service == ServiceSettings() and defaults.service.journal_path is None and dict(defaults.tenants) == {}
+    assert (ServiceSettings.env_idle_ttl_s, ServiceSettings.result_retention_s, ServiceSettings.max_queued_actions) == (600, 3600, 10000)
+
+
+def test_tenant_weights_reach_the_core() -> None:
+    spec = cluster_spec(parse_config(SERVICE, environ={"TEAM_B_TOKEN": "tok-b"}))
+    weights = getattr(spec, "tenant_weights", None)
+    if weights is None:
+        pytest.skip("the core has no tenant weights yet")
+    assert dict(weights) == {"local": 1.0, "team-a": 2.5, "team-b": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "rule"),
+    [
+        ("[service]\nenv_idle_ttl_s = 0\n", "service.env_idle_ttl_s", "must be a finite number > 0"),
+        ("[service]\nresult_retention_s = -1\n", "service.result_retention_s", "> 0"),
+        ("[service]\nmax_queued_actions = 0\n", "service.max_queued_actions", "must be an integer >= 1"),
+        ('[service]\njournal_path = ""\n', "service.journal_path", "non-empty path"),
+        ("[service]\nleases = 1\n", "service.leases", "is not a known key"),
+        ("[tenants.a]\nweight = 0\n", "tenants.a.weight", "must be a finite number > 0"),
+        ("[tenants.a]\nmax_envs = 0\n", "tenants.a.max_envs", "must be an integer >= 1"),
+        ("[tenants.a]\nmax_concurrent_actions = 1.5\n", "tenants.a.max_concurrent_actions", "integer >= 1"),
+        ('[tenants.a]\nmax_mem_bytes = "lots"\n', "tenants.a.max_mem_bytes", "size such as"),
+        ('[tenants.a]\ntoken = "x"\ntoken_env = "T"\n', "tenants.a.token", "at most one of token or token_env"),
+        ('[tenants.a]\ntoken_env = "UNSET_TOKEN_VAR"\n', "tenants.a.token_env", "that is set"),
+        ('[tenants.a]\ntoken = ""\n', "tenants.a.token", "non-empty string"),
+        ('[tenants.a]\ntoken = "same"\n[tenants.b]\ntoken = "same"\n', "tenants.b.token", "unique across tenants"),
+        ('[tenants."bad name"]\nweight = 1\n', 'tenants.bad name', "letters, digits"),
+        ("[tenants]\na = 3\n", "tenants.a", "must be a table"),
+    ],
+)
+def test_bad_service_and_tenant_fields_are_named(text: str, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, environ={})
+    assert info.value.field == field and rule in info.value.rule
+
+
+def test_tenant_errors_never_print_tokens() -> None:
+    secret = "tok-NEVER-PRINT"
+    for text in (
+        f'[tenants.a]\ntoken = "{secret}"\n[tenants.b]\ntoken = "{secret}"\n',
+        f'[tenants.a]\ntokn = "{secret}"\n',
+        f'[tenants.a]\npassword = "{secret}"\n',
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(text, environ={})
+        assert secret not in str(info.value)

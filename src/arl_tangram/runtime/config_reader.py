@@ -44,6 +44,7 @@ class Table:
         if not isinstance(data, Mapping):
             raise ConfigError(where or "<file>", "must be a table (mapping)", type(data).__name__)
         self.data, self.where, self.seen = data, where, set[str]()
+        self.secret = False  # True: never print an unknown key's value (a table of credentials)
 
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
@@ -66,8 +67,9 @@ class Table:
     def done(self) -> None:
         for key in sorted(set(self.data) - self.seen, key=str):
             known = ", ".join(sorted(self.seen)) or "none"
-            # a misspelt "keys" must not print the secrets it holds
-            value = "<hidden>" if "key" in str(key).lower() else self.data[key]
+            # a misspelt "keys" or "token" must not print the secret it holds
+            secret = self.secret or any(word in str(key).lower() for word in ("key", "token"))
+            value = "<hidden>" if secret else self.data[key]
             raise ConfigError(self.path(str(key)), f"is not a known key (known: {known})", value)
 
     def integer(self, key: str, default: int, minimum: int) -> int:

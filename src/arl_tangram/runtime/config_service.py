@@ -84,6 +84,7 @@ def read_tenants(t: Table, environ: Mapping[str, str]) -> Mapping[str, TenantCon
 
 
 def _tenant(name: str, t: Table, environ: Mapping[str, str]) -> TenantConfig:
+    t.secret = True
     token, token_env = t.get("token"), t.get("token_env")
     if token is not None and token_env is not None:
         raise ConfigError(
