@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from arl_tangram.api.compat import sandboxfusion
+from arl_tangram.api.compat import openai_face, sandboxfusion
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.tenancy import CompatSettings, CompatState
 from arl_tangram.runtime.config import ConfigError
@@ -51,6 +51,7 @@ def mount_compat(
 
     app.router.lifespan_context = lifespan
     app.include_router(sandboxfusion.router)
+    app.include_router(openai_face.router)
 
 
 __all__ = ["mount_compat"]
