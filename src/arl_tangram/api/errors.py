@@ -66,7 +66,12 @@ async def _validation(_request: Request, exc: RequestValidationError) -> JSONRes
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "input": None}
     field = _loc(tuple(first.get("loc") or ()))
-    rule = str(first.get("msg", "invalid"))
+    if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # the action's "type"
+        rule = str(first.get("msg", "invalid"))
+        return error_response(422, f"type: {rule}", "type", rule, (first.get("ctx") or {}).get("tag"))
+    # a union field fails once per member: say every way it could have been right
+    rules = dict.fromkeys(str(e.get("msg", "invalid")) for e in errors if _loc(tuple(e.get("loc") or ())) == field)
+    rule = " or ".join(rules) or str(first.get("msg", "invalid"))
     response = error_response(422, f"{field}: {rule}", field, rule, first.get("input"))
     return response
 

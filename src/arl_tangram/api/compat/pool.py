@@ -25,15 +25,15 @@ from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.managers.cpu.config import SandboxSpec
-from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
 RESET_COMMAND = "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; exit 0"
 RESET_TIMEOUT_S = 30.0
 
 
-def env_cpu(state: ApiState, env_id: str) -> CpuManager:
-    """The CPU manager holding the env's sandbox (host-side file and session calls)."""
+def env_cpu(state: ApiState, env_id: str) -> Any:
+    """The CPU manager holding the env's sandbox (host-side file and session calls); typed
+    loosely because the agent's view of it (a protocol) is still moving."""
     cpu = state.controller.env_node(env_id).cpu
     if cpu is None:
         raise SpecError("env_id", "must name an env on a node with a CPU manager", env_id)

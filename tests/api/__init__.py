@@ -1,0 +1,1 @@
+"""Tests of the HTTP service (api/): real HTTP over loopback, real sandboxes."""

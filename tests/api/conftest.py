@@ -1,0 +1,54 @@
+"""Fixtures of the HTTP service tests: anyio on asyncio, a host that can run real sandboxes,
+and servers: ``create_app`` under uvicorn on a free loopback port in a thread with its own
+event loop and embedded runtime, stopped (every sandbox destroyed) when the test ends."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from arl_tangram.api import create_app
+from arl_tangram.api.server import ServerThread
+from arl_tangram.runtime.config import TangramConfig
+from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def sandbox_host() -> None:
+    if not host_can_sandbox() and not IN_CI:
+        pytest.skip("needs root and bubblewrap")
+
+
+@contextlib.contextmanager
+def serving(config: TangramConfig | None = None, **app_options: Any) -> Iterator[ServerThread]:
+    server = ServerThread(create_app(config, **app_options)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server(sandbox_host: None) -> Iterator[ServerThread]:
+    with serving() as s:
+        yield s
+
+
+@pytest.fixture
+async def http(server: ServerThread) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+def controller(server: ServerThread) -> Any:
+    """The server's controller (read from the test's thread: counts and ids only)."""
+    return server.app.state.api.controller
