@@ -14,10 +14,9 @@ from arl_tangram.runtime.controller import Controller
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 from tests.runtime.builders import NOOP, config, exec_payload, exec_spec, noop_spec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]  # a runtime starts a real CPU manager
 
 
-@pytest.mark.usefixtures("sandbox_host")
 async def test_a_retried_request_id_returns_the_same_action_and_runs_once(tmp_path: Path) -> None:
     cfg = config(journal_path=str(tmp_path / "journal.sqlite"))
     async with arl_tangram.connect(config=cfg) as tg:

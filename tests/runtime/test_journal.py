@@ -29,6 +29,7 @@ from arl_tangram.runtime.codec import (
     spec_from_dict,
     spec_to_dict,
 )
+from arl_tangram.runtime.config import ConfigError
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 from arl_tangram.runtime.journal import Journal
 from tests.runtime.builders import NOOP, config, exec_payload, exec_spec, noop_spec
@@ -110,6 +111,7 @@ def _seed(path: Path) -> dict[str, str]:
     return ids
 
 
+@pytest.mark.usefixtures("sandbox_host")
 async def test_a_restart_gives_every_accepted_action_an_outcome(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     ids = _seed(path)
@@ -135,6 +137,7 @@ async def test_a_restart_gives_every_accepted_action_an_outcome(tmp_path: Path) 
         journal.close()
 
 
+@pytest.mark.usefixtures("sandbox_host")
 async def test_a_graceful_close_leaves_never_started_actions_to_the_next_start(tmp_path: Path) -> None:
     cfg = config(journal_path=str(tmp_path / "journal.sqlite"))
     runtime = await EmbeddedRuntime.start(cfg)
@@ -148,3 +151,15 @@ async def test_a_graceful_close_leaves_never_started_actions_to_the_next_start(t
         assert (await runtime.controller.wait(rerun.spec.action_id, 5.0)).ok
     finally:
         await runtime.aclose()
+
+
+@pytest.mark.usefixtures("sandbox_host")
+async def test_an_unusable_journal_path_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ConfigError) as info:
+        await EmbeddedRuntime.start(config(journal_path=str(tmp_path / "file" / "journal.sqlite")))
+    assert info.value.field == "service.journal_path"
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"\x00" * 4096)
+    with pytest.raises(ConfigError, match="SQLite"):
+        await EmbeddedRuntime.start(config(journal_path=str(garbage)))

@@ -17,7 +17,7 @@ from arl_tangram.runtime.embedded import EmbeddedRuntime
 from arl_tangram.runtime.errors import OverloadedError, TenantLimitError
 from tests.runtime.builders import NOOP, config, noop_spec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]  # a runtime starts a real CPU manager
 
 LIMITED = {
     "a": TenantConfig("a", max_envs=1, max_concurrent_actions=2, max_mem_bytes=400 << 20),
@@ -64,7 +64,6 @@ async def test_the_service_bound_refuses_with_a_retry_hint(runtime: EmbeddedRunt
     assert (await c.wait(c.submit(noop_spec(tenant="t9"), NOOP).spec.action_id, 5.0)).ok
 
 
-@pytest.mark.usefixtures("sandbox_host")
 async def test_env_count_and_memory_limits_per_tenant() -> None:
     async with arl_tangram.connect(config=config(tenants=LIMITED), tenant="a") as a:
         b = AsyncClient(a.transport, tenant="b")

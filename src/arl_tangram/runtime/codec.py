@@ -30,6 +30,9 @@ from arl_tangram.runtime.actions import (
 )
 
 _VECTOR_FIELDS = ("cpu_millicores", "mem_bytes", "gpu_devices", "quota_tokens")
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ActionSpec))
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(ActionResult))
+_PLAIN = (str, int, float, bool, type(None))
 
 
 def elasticity_to_dict(model: ElasticityModel) -> dict[str, Any]:
@@ -59,9 +62,11 @@ def elasticity_from_dict(data: dict[str, Any], learned: Callable[[], Learned]) -
 
 def spec_to_dict(spec: ActionSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        if isinstance(value, ResourceVector):
+    for name in _SPEC_FIELDS:
+        value = getattr(spec, name)
+        if isinstance(value, _PLAIN):
+            pass
+        elif isinstance(value, ResourceVector):
             value = {name: getattr(value, name) for name in _VECTOR_FIELDS}
         elif isinstance(value, Binding):
             value = {"kind": value.kind, "name": value.name}
@@ -69,15 +74,14 @@ def spec_to_dict(spec: ActionSpec) -> dict[str, Any]:
             value = value.value
         elif isinstance(value, ElasticityModel):
             value = elasticity_to_dict(value)
-        out[f.name] = value
+        out[name] = value
     return out
 
 
 def spec_from_dict(data: dict[str, Any], learned: Callable[[str], Learned]) -> ActionSpec:
     """The spec ``data`` describes; ``learned(kind)`` gives the model of a ``learned`` one.
     Raises ``SpecError`` (the core's validation) on a malformed dict."""
-    known = {f.name for f in dataclasses.fields(ActionSpec)}
-    args = {k: v for k, v in data.items() if k in known}
+    args = {k: v for k, v in data.items() if k in _SPEC_FIELDS}
     for name in ("demand_fixed", "demand_per_unit"):
         if name in args:
             args[name] = ResourceVector(**{k: int(args[name].get(k, 0)) for k in _VECTOR_FIELDS})
@@ -138,14 +142,14 @@ def payload_from_dict(data: dict[str, Any]) -> Payload:
 
 def result_to_dict(result: ActionResult) -> dict[str, Any]:
     """A service's output that JSON cannot hold (an array) is kept as its ``tolist()``, else its repr."""
-    out = dataclasses.asdict(result)
-    out["output"] = json.loads(json.dumps(result.output, default=_jsonable))
+    out = {name: getattr(result, name) for name in _RESULT_FIELDS}  # all plain but ``output``
+    if not isinstance(result.output, _PLAIN):
+        out["output"] = json.loads(json.dumps(result.output, default=_jsonable))
     return out
 
 
 def result_from_dict(data: dict[str, Any]) -> ActionResult:
-    known = {f.name for f in dataclasses.fields(ActionResult)}
-    return ActionResult(**{k: v for k, v in data.items() if k in known})
+    return ActionResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
 
 
 def _jsonable(value: object) -> object:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -39,7 +40,7 @@ from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime import recovery
 from arl_tangram.runtime.actions import ActionRecord, ActionResult, ActionStore, Payload
 from arl_tangram.runtime.codec import payload_to_dict, result_to_dict, spec_to_dict
-from arl_tangram.runtime.config import ServiceSettings, TenantConfig
+from arl_tangram.runtime.config import ConfigError, ServiceSettings, TenantConfig
 from arl_tangram.runtime.dispatcher import LiveExecutor
 from arl_tangram.runtime.housekeeping import Housekeeper
 from arl_tangram.runtime.journal import Journal, JournalRow
@@ -111,8 +112,14 @@ class Controller:
         self._wakeup = asyncio.Event()
         rows: list[JournalRow] = []
         if self.settings.journal_path is not None:
-            self.journal = await asyncio.to_thread(Journal, self.settings.journal_path)
-            rows = await asyncio.to_thread(self.journal.load, time.time() - self.settings.request_id_ttl_s)
+            try:
+                self.journal = await asyncio.to_thread(Journal, self.settings.journal_path)
+                rows = await asyncio.to_thread(self.journal.load, time.time() - self.settings.request_id_ttl_s)
+            except (OSError, sqlite3.Error) as exc:
+                if self.journal is not None:
+                    await asyncio.to_thread(self.journal.close)
+                    self.journal = None
+                raise ConfigError("service.journal_path", f"must be a writable SQLite journal ({exc})", self.settings.journal_path) from exc
         before_run = self._journal_start if self.journal is not None else None
         self.executor = LiveExecutor(self.agents, self.store, self._report, self.env_specs.get, before_run=before_run)
         self.loop.attach(self.executor)

@@ -83,15 +83,17 @@ class EnvLeases:
 
     def due(self, now_s: float, busy: Callable[[str], bool]) -> list[Lease]:
         """Leases idle for ``idle_ttl_s`` or longer, in env id order; a ``busy`` env (an
-        action runs on it) is renewed instead, so its idle time counts from its last end."""
+        action runs on it, or it is still being created) is renewed instead: its idle time
+        then counts from the end of its last action, which renews it too."""
         expired = []
-        for env_id in sorted(self._leases):
-            lease = self._leases[env_id]
+        for env_id, lease in self._leases.items():
+            if now_s - lease.last_used_s < self.idle_ttl_s:
+                continue
             if busy(env_id):
                 lease.last_used_s = now_s
-            elif now_s - lease.last_used_s >= self.idle_ttl_s:
+            else:
                 expired.append(lease)
-        return expired
+        return sorted(expired, key=lambda lease: lease.env_id)
 
     def note_expired(self, record: ExpiredEnv) -> None:
         self.expired[record.env_id] = record
