@@ -110,8 +110,8 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
 
         progress.note(WORKLOAD, "loading MiniLM reward service; calibrating HumanEval problems in a sandbox")
         await reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path()))
-        problems = await _calibrate(reward, config)
-        plans = make_plans(config, problems, cores)
+        problems, turn_core_s = await _calibrate(reward, config)
+        plans = make_plans(config, problems, cores, turn_core_s)
         by_id = {p.task_id: p for p in problems}
         device_bytes = _service_bytes(reward)
         runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]] = {}
@@ -119,19 +119,29 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
             progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
             outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, progress)
             runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
-    return workload_result(runs, config, problems, cores)
+    return workload_result(runs, config, problems, cores, turn_core_s)
 
 
-async def _calibrate(client: AsyncClient, config: CodingConfig) -> list[Problem]:
-    """Check every candidate's variants and time its check, once, inside a sandbox."""
+async def _calibrate(client: AsyncClient, config: CodingConfig) -> tuple[list[Problem], float]:
+    """Inside one sandbox: check every candidate's variants and time its check; then run one
+    turn (lint + canonical test run, one core) of the first problem kept and measure its CPU
+    seconds, which set the think time. Returns (problems, the turn's CPU seconds)."""
     candidates = candidate_problems(config.num_problems, config.seed)
     async with await client.create_env(memory=config.env_mem) as env:
         await env.write_file("runner.py", RUNNER_SOURCE)
         await env.write_file("problems.json", json.dumps([p.calibration_entry() for p in candidates]))
         r = await env.exec("python3 runner.py --calibrate problems.json", cpu=1, timeout_s=120.0, kind="calibrate")
-    if not r.ok:
-        raise RuntimeError(f"coding: calibration failed ({r.outcome}, {r.cause}): {r.stderr[-500:]}")
-    return calibrated(candidates, json.loads(r.stdout), config)
+        if not r.ok:
+            raise RuntimeError(f"coding: calibration failed ({r.outcome}, {r.cause}): {r.stderr[-500:]}")
+        problems = calibrated(candidates, json.loads(r.stdout), config)
+        p = problems[0]
+        await env.write_file("problem.json", json.dumps({"test": p.test, "entry_point": p.entry_point, "reps": p.reps}))
+        await env.write_file("sol.py", p.solution("canonical"))
+        lint = await env.exec("python3 -m py_compile sol.py", cpu=1, kind="calibrate")
+        test = await env.exec("python3 runner.py problem.json sol.py", cpu=1, timeout_s=120.0, kind="calibrate")
+    if not (lint.ok and test.ok):
+        raise RuntimeError(f"coding: the calibration turn failed: lint {lint.outcome}, test {test.outcome} {test.stdout[-300:]}")
+    return problems, lint.cpu_s + test.cpu_s
 
 
 def _service_bytes(client: AsyncClient) -> int:

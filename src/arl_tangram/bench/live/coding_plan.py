@@ -51,16 +51,22 @@ class CodingConfig:
         """Amdahl serial fraction the test runs declare: their fixed start-up over their work."""
         return min(1.0, self.test_startup_s / (self.test_startup_s + self.test_work_s))
 
-    def think_mean_s(self, pool_cores: int) -> float:
-        """Mean think time per turn, chosen so that under the Guaranteed pod baseline (lint +
-        test run at the pod's quota) the env is busy ``busy_fraction`` of a turn (PAPER 47%)."""
+    def nominal_turn_core_s(self) -> float:
+        """CPU seconds of one turn's actions (lint + a canonical test run) by the parameters."""
+        return self.lint_work_s + self.test_startup_s + self.test_work_s
+
+    def think_mean_s(self, pool_cores: int, turn_core_s: float | None = None) -> float:
+        """Mean think time per turn, chosen so that under the Guaranteed pod baseline (one
+        turn's ``turn_core_s`` of CPU at the pod's quota) the env is busy ``busy_fraction``
+        of a turn (PAPER: 47%). ``turn_core_s`` is measured in the sandbox at calibration."""
         pod_cores = self.pod_millicores(pool_cores) / MILLICORES_PER_CORE
-        busy_s = (self.lint_work_s + self.test_startup_s + self.test_work_s) / min(1.0, pod_cores)
+        core_s = self.nominal_turn_core_s() if turn_core_s is None else turn_core_s
+        busy_s = core_s / min(1.0, pod_cores)
         return busy_s * (1.0 - self.busy_fraction) / self.busy_fraction
 
-    def describe(self, pool_cores: int) -> dict[str, object]:
-        return {**asdict(self), "pod_millicores": self.pod_millicores(pool_cores),
-                "serial_fraction": self.serial_fraction(), "think_mean_s": self.think_mean_s(pool_cores)}  # fmt: skip
+    def describe(self, pool_cores: int, turn_core_s: float | None = None) -> dict[str, object]:
+        return {**asdict(self), "pod_millicores": self.pod_millicores(pool_cores), "turn_core_s": turn_core_s,
+                "serial_fraction": self.serial_fraction(), "think_mean_s": self.think_mean_s(pool_cores, turn_core_s)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -140,11 +146,14 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
 
 
-def make_plans(config: CodingConfig, problems: list[Problem], pool_cores: int) -> list[TrajectoryPlan]:
+def make_plans(
+    config: CodingConfig, problems: list[Problem], pool_cores: int, turn_core_s: float | None = None
+) -> list[TrajectoryPlan]:
     """The seeded plans: trajectory i works on problem i mod len(problems); a
-    ``broken_fraction`` of first attempts is broken (alternating the two kinds)."""
+    ``broken_fraction`` of first attempts is broken (alternating the two kinds); think times
+    per ``CodingConfig.think_mean_s``."""
     rng = random.Random(config.seed)
-    think_mean_s = config.think_mean_s(pool_cores)
+    think_mean_s = config.think_mean_s(pool_cores, turn_core_s)
     num_broken = round(config.broken_fraction * config.num_trajectories)
     broken = set(rng.sample(range(config.num_trajectories), num_broken))
     kinds = list(BROKEN_BODIES)

@@ -53,12 +53,16 @@ def _add_extras(run: SystemRun, outcomes: list[TrajectoryOutcome]) -> None:
 
 
 def workload_result(
-    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem], cores: int
-) -> WorkloadResult:
+    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem],
+    cores: int, turn_core_s: float,
+) -> WorkloadResult:  # fmt: skip
+    """The workload's result; ``turn_core_s`` is the calibration turn's CPU (sets think time)."""
     for run, outcomes in runs.values():
         _add_extras(run, outcomes)
     systems = [r for r, _ in runs.values()]
-    return WorkloadResult("coding", systems, _summary(runs, config, cores), _fitted(runs, config, problems, cores))
+    summary = _summary(runs, config, cores)
+    summary["parameters"] = config.describe(cores, turn_core_s)
+    return WorkloadResult("coding", systems, summary, _fitted(runs, config, problems, cores, turn_core_s))
 
 
 def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, cores: int) -> dict[str, Any]:
@@ -106,8 +110,9 @@ def _serial_fraction(tests: list[ActionRecord], declared: float) -> float:
 
 
 def _fitted(
-    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem], cores: int
-) -> dict[str, Any]:
+    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem],
+    cores: int, turn_core_s: float,
+) -> dict[str, Any]:  # fmt: skip
     """The coding workload as distribution parameters, measured on the ARL-Tangram run
     (exclusive grants, so execution times are the actions' own), for ``sim.workloads.coding``."""
     outcomes = runs[TANGRAM][1] if TANGRAM in runs else next(iter(runs.values()))[1]
@@ -119,7 +124,7 @@ def _fitted(
     # a run's work on one core: T(m) = T1 (s + (1 - s) / m)  =>  T1 = T(m) / (s + (1 - s) / m)
     t_ori = [a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests]
     env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
-    think_turn_s = config.think_mean_s(cores)
+    think_turn_s = config.think_mean_s(cores, turn_core_s)
     # The simulator thinks once before each env action and once before the reward: spread
     # a trajectory's think time (one per turn here) over those phases.
     think_total_s = think_turn_s * _mean([len(o.verdicts) for o in outcomes])
