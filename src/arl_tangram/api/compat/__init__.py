@@ -1,8 +1,8 @@
 """Shell: the ecosystem faces (SandboxFusion, OpenAI/vLLM, SWE-ReX) mounted on the native app.
 
 ``mount_compat(app)`` adds their routers to an app made by ``create_app`` and chains their
-state onto its lifespan: created after the runtime starts, closed (warm sandboxes and
-SWE-ReX envs released, resets in flight awaited) before the runtime closes. Call it once,
+state onto its lifespan: created after the runtime starts, closed (warm sandboxes
+released, resets in flight awaited) before the runtime closes. Call it once,
 before the server starts. Wire formats: ../shared/PROTOCOLS.md.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from arl_tangram.api.compat import openai_face, sandboxfusion
+from arl_tangram.api.compat import openai_face, sandboxfusion, swerex
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.tenancy import CompatSettings, CompatState
 from arl_tangram.runtime.config import ConfigError
@@ -52,6 +52,7 @@ def mount_compat(
     app.router.lifespan_context = lifespan
     app.include_router(sandboxfusion.router)
     app.include_router(openai_face.router)
+    app.include_router(swerex.router)
 
 
 __all__ = ["mount_compat"]

@@ -36,7 +36,7 @@ class CompatSettings:
 
 @dataclass
 class CompatState:
-    """What the faces keep while the server runs: the code pool and SWE-ReX's envs."""
+    """What the faces keep while the server runs: the code pool and SWE-ReX's per-env state."""
 
     api: ApiState
     settings: CompatSettings
@@ -44,11 +44,9 @@ class CompatState:
     swerex_envs: dict[str, Any] = field(default_factory=dict)  # internal env id -> its SWE-ReX state
 
     async def aclose(self) -> None:
+        """Release the pool's envs; SWE-ReX's envs belong to whoever created them."""
         await self.pool.aclose()
-        for env_id in list(self.swerex_envs):
-            self.swerex_envs.pop(env_id, None)
-            if env_id in self.api.controller.env_specs:
-                self.api.controller.release_env(env_id)
+        self.swerex_envs.clear()
 
 
 def compat_state(request: Request) -> CompatState:
