@@ -1,0 +1,68 @@
+"""Overload is answered at once (503 with Retry-After, never a hang), and the Prometheus
+metrics scraped after a workload count exactly the actions that were run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from arl_tangram.api.server import ServerThread
+from tests.api.conftest import serving
+
+pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
+
+
+async def test_a_full_queue_gets_503_with_retry_after_not_a_hang(sandbox_host: None) -> None:
+    with serving(max_queued_actions=2) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            env = (await http.post("/v1/envs", json={"memory": "128MiB"})).json()["env_id"]
+            body = {"type": "exec", "env_id": env, "command": "sleep 30"}
+            held = [(await http.post("/v1/actions", json=body)).json()["action_id"] for _ in range(2)]
+            t0 = time.monotonic()
+            r = await http.post("/v1/actions", json=body, params={"wait_s": 30})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+            assert time.monotonic() - t0 < 1.0 and "max_queued_actions" in r.json()["rule"]
+            for action_id in held:
+                await http.post(f"/v1/actions/{action_id}/cancel")
+                await http.get(f"/v1/actions/{action_id}/wait", params={"timeout_s": 20})
+            r = await http.post("/v1/actions", json={"type": "noop"}, params={"wait_s": 5})
+            assert r.status_code == 201 and r.json()["result"]["outcome"] == "succeeded"  # room again
+            metrics = (await http.get("/metrics")).text
+            assert 'tangram_actions_total{kind="exec",outcome="cancelled",tenant="default"} 2.0' in metrics
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_metrics_after_a_workload_count_the_actions_run(server: ServerThread) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        env = (await http.post("/v1/envs", json={"memory": "128MiB"})).json()["env_id"]
+        noops = [http.post("/v1/actions", json={"type": "noop"}, params={"wait_s": 10}) for _ in range(7)]
+        execs = [http.post("/v1/actions", json={"type": "exec", "env_id": env, "command": f"exit {i % 2}"}, params={"wait_s": 20}) for i in range(4)]
+        results = [r.json()["result"]["outcome"] for r in await asyncio.gather(*noops, *execs)]
+        assert results.count("succeeded") == 9 and results.count("failed") == 2
+        s = _samples((await http.get("/metrics")).text)
+    noop, ex = (("kind", "noop"), ("tenant", "default")), (("kind", "exec"), ("tenant", "default"))
+    assert s[("tangram_actions_total", (("kind", "noop"), ("outcome", "succeeded"), ("tenant", "default")))] == 7
+    assert s[("tangram_actions_total", (("kind", "exec"), ("outcome", "succeeded"), ("tenant", "default")))] == 2
+    assert s[("tangram_actions_total", (("kind", "exec"), ("outcome", "failed"), ("tenant", "default")))] == 2
+    assert s[("tangram_actions_submitted_total", noop)] == 7 and s[("tangram_actions_submitted_total", ex)] == 4
+    for part in ("queue", "exec", "overhead"):
+        assert s[(f"tangram_action_{part}_seconds_count", noop)] == 7
+        assert s[(f"tangram_action_{part}_seconds_count", ex)] == 4
+    assert s[("tangram_action_exec_seconds_sum", ex)] > 0
+    assert s[("tangram_queue_length", (("lane", "cpu"),))] == 0
+    assert s[("tangram_sandboxes", (("state", "idle"),))] == 1
+    assert s[("tangram_pool_reserved", (("pool", "local/cpu"), ("resource", "mem_bytes")))] == 128 << 20
+    assert s[("tangram_pool_capacity", (("pool", "local/cpu"), ("resource", "cpu_millicores")))] >= 1000
+    assert s[("tangram_controller_rounds_total", ())] >= 1
+    assert s[("tangram_pending_actions", ())] == 0
