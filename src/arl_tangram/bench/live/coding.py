@@ -6,10 +6,12 @@ each system in turn, one after another on the same cores: ``tangram`` (policy ``
 Allocate-on-Execution, each action granted 1..all cores), ``k8s-guaranteed`` (policy
 ``k8s-static``: a pod of request = limit = pool cores / batch held as a real cgroup quota
 for the trajectory's life, DoP fixed to the pod's cores) and ``k8s-burstable`` (the same
-request as cpu.shares weight, no limit, all cpus). A trajectory thinks (a sleep: no LLM
-runs), writes its solution, lints it, runs the problem's tests elastically (the sandbox
-runner splits repeated checks over ``$TANGRAM_DOP`` processes) and asks the MiniLM reward
-service to score the attempt; a failed first attempt is retried with the canonical solution.
+request as cpu.shares weight, no limit, all cpus). A trajectory has the shape of the
+simulator's coding workload: a think (a sleep: no LLM runs) before every action; per turn
+it writes its solution and lints it, then runs the problem's tests elastically (the sandbox
+runner splits repeated checks over ``$TANGRAM_DOP`` processes); a failed first attempt is
+retried with the canonical solution; at the end the MiniLM reward service scores the final
+solution against the canonical one (the reward: the tests' verdict plus that score).
 The reward service (one MiniLM on one CPU device) is shared by every system: with one model
 there is nothing to pool, so a static deployment and Evict-on-Execution serve it the same.
 """
@@ -178,13 +180,14 @@ def _now(ctx: SystemContext) -> float:
 
 
 async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progress) -> TrajectoryOutcome:
-    """One trajectory: create its env (a pod in the baselines), then up to two turns of
-    think, write, lint, test, reward. The env's start-up wait counts in the first action's
-    queue time (a Pending pod delays the trajectory's first action)."""
+    """One trajectory: create its env (a pod in the baselines); up to two turns of (think,
+    write, lint; think, test); then think and ask the reward model to score the final
+    solution. The env's start-up wait counts in the first action's queue time (a Pending pod
+    delays the trajectory's first action)."""
     out = TrajectoryOutcome(plan, _now(ctx))
     problem = ctx.problems[plan.task_id]
     env = await ctx.tg.create_env(memory=ctx.config.env_mem, trajectory_id=plan.trajectory_id)
-    out.env_wait_s = env_wait_s = _now(ctx) - out.started_s
+    out.env_wait_s = _now(ctx) - out.started_s
     try:
         if ctx.burstable_millicores:
             # Burstable: the pod's request becomes a cpu.shares weight with no quota, on all
@@ -195,10 +198,13 @@ async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progre
         await env.write_file("problem.json", json.dumps({"test": problem.test, "entry_point": problem.entry_point, "reps": problem.reps}))
         variants = [plan.first_variant] if plan.first_variant == "canonical" else [plan.first_variant, "canonical"]
         for turn, variant in enumerate(variants):
-            await asyncio.sleep(plan.think_s[turn])  # the LLM generates the next attempt
-            passed = await _turn(ctx, env, problem, variant, out, env_wait_s if turn == 0 else 0.0)
-            if passed:
+            if await _turn(ctx, env, problem, variant, out, plan.think_s[2 * turn : 2 * turn + 2]):
                 break
+        await asyncio.sleep(plan.think_s[-1])  # the LLM writes its final answer
+        request = {"a": problem.solution(variants[turn])[len(problem.prompt) :], "b": problem.canonical_body}
+        score = await _action(ctx, out, "reward", ctx.reward.call(REWARD_SERVICE, request))
+        out.lost += 0 if score.ok else 1
+        out.scores.append((variants[turn], float((score.output or {}).get("score", 0.0))))
     finally:
         await env.release()
     out.ended_s = _now(ctx)
@@ -206,11 +212,15 @@ async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progre
     return out
 
 
-async def _turn(ctx: SystemContext, env: Any, problem: Problem, variant: str, out: TrajectoryOutcome, extra_queue_s: float) -> bool:
-    """Write, lint, test and score one attempt; returns the test verdict."""
-    solution = problem.solution(variant)
-    await env.write_file("sol.py", solution)
-    lint = await _action(ctx, out, "env", env.exec("python3 -m py_compile sol.py", cpu=1, kind="lint"), extra_queue_s)
+async def _turn(
+    ctx: SystemContext, env: Any, problem: Problem, variant: str, out: TrajectoryOutcome, think_s: tuple[float, ...]
+) -> bool:
+    """Think, write and lint one attempt; think, run its tests. Returns the test verdict."""
+    first = not out.actions
+    await asyncio.sleep(think_s[0])  # the LLM writes the attempt
+    await env.write_file("sol.py", problem.solution(variant))
+    lint = await _action(ctx, out, "env", env.exec("python3 -m py_compile sol.py", cpu=1, kind="lint"), out.env_wait_s if first else 0.0)
+    await asyncio.sleep(think_s[1])  # the LLM decides to run the tests
     cpu = Elastic(1, ctx.pool_cores, serial_fraction=ctx.config.serial_fraction())
     test = await _action(ctx, out, "env", env.exec(
         "python3 runner.py problem.json sol.py", cpu=cpu, kind="test", timeout_s=ctx.config.test_timeout_s))  # fmt: skip
@@ -218,11 +228,6 @@ async def _turn(ctx: SystemContext, env: Any, problem: Problem, variant: str, ou
     if lint.outcome != "succeeded" or test.outcome not in ("succeeded", "failed"):
         out.lost += 1
     out.verdicts.append((variant, passed))
-    request = {"a": solution[len(problem.prompt):], "b": problem.canonical_body}
-    score = await _action(ctx, out, "reward", ctx.reward.call(REWARD_SERVICE, request))
-    if not score.ok:
-        out.lost += 1
-    out.scores.append((variant, float((score.output or {}).get("score", 0.0))))
     return passed
 
 

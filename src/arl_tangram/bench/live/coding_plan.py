@@ -31,7 +31,7 @@ class CodingConfig:
     test_work_s: float = 0.3  # assumption: CPU seconds of one test run's repeated checks at DoP 1 (PAPER: ~1 s exec at the paper's DoP, scaled to fit this 2-core host's time budget)
     max_check_cpu_s: float = 0.005  # problems whose one check costs more are skipped (a rep is the split's grain)
     busy_fraction: float = 0.47  # PAPER: the env is in use ~47% of a trajectory's life under the k8s baseline; fixes the think time
-    think_sigma: float = 0.5  # assumption: lognormal spread of the think time (LLM generation) per turn
+    think_sigma: float = 0.5  # assumption: lognormal spread of each think time (LLM generation before an action)
     lint_work_s: float = 0.03  # measured here: ``python3 -m py_compile`` of a solution, one core
     test_startup_s: float = 0.06  # measured here: interpreter start + fork of the worker pool, the serial part of a test run
     env_mem: str = "256MiB"  # assumption: sandbox memory held for the trajectory's life (all systems)
@@ -92,8 +92,9 @@ class Problem:
 
 @dataclass(frozen=True)
 class TrajectoryPlan:
-    """One trajectory: its problem, its first attempt's variant, and the think time before
-    each turn (turn 2, the retry with the canonical solution, only when turn 1 fails)."""
+    """One trajectory: its problem, its first attempt's variant, and the think times before
+    each action: lint and test of turn 1, lint and test of turn 2 (the retry with the
+    canonical solution, only when turn 1 fails), and the final reward."""
 
     index: int
     task_id: str
@@ -160,6 +161,7 @@ def make_plans(
     plans = []
     for i in range(config.num_trajectories):
         variant = kinds[i % len(kinds)] if i in broken else "canonical"
-        think = tuple(lognormal(rng, think_mean_s, config.think_sigma) for _ in range(2))
+        # a turn's think time is split over its two actions (and the same before the reward)
+        think = tuple(lognormal(rng, think_mean_s / 2, config.think_sigma) for _ in range(5))
         plans.append(TrajectoryPlan(i, problems[i % len(problems)].task_id, variant, think))
     return plans

@@ -75,8 +75,7 @@ def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config:
         "actions_lost": sum(o.lost for o in all_outcomes),
         "trajectories_finished": sum(o.ended_s > 0 for o in all_outcomes),
         "trajectories": len(all_outcomes),
-        "minilm_score_canonical": _mean([s for v, s in scores if v == "canonical"]),
-        "minilm_score_broken": _mean([s for v, s in scores if v != "canonical"]),
+        "minilm_score_mean": _mean([s for _, s in scores]),  # the final solutions' similarity to the canonical one
         "num_trajectories": config.num_trajectories,
         "pool_cores": cores,
         "pod_millicores": config.pod_millicores(cores),
@@ -125,9 +124,6 @@ def _fitted(
     t_ori = [a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests]
     env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
     think_turn_s = config.think_mean_s(cores, turn_core_s)
-    # The simulator thinks once before each env action and once before the reward: spread
-    # a trajectory's think time (one per turn here) over those phases.
-    think_total_s = think_turn_s * _mean([len(o.verdicts) for o in outcomes])
     reward_s = [sum(a.result.exec_s for a in o.actions if a.category == "reward") for o in outcomes]
     env_wait = [o.env_wait_s for o in outcomes]
     mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -136,7 +132,7 @@ def _fitted(
         "batch": len(outcomes),
         "turns_min": min(env_actions, default=0),
         "turns_max": max(env_actions, default=0),
-        "think_mean_s": _ratio(think_total_s, _mean(env_actions) + 1),
+        "think_mean_s": think_turn_s / 2,  # before each action, as the plans draw it
         "think_sigma": config.think_sigma,
         "command_mean_s": _mean([a.result.exec_s for a in lints]),
         "test_fraction": _ratio(len(tests), len(tests) + len(lints)),
