@@ -2,22 +2,19 @@
 
 Mechanism only: it is told which env, grant, NUMA split, replica and devices to use (by the
 controller's decisions) and obeys. Its CPU and GPU calls block (forks, copies, model calls),
-so its callers run them on worker threads; its API calls are coroutines.
+so its callers run them on worker threads; its API calls are coroutines. Its managers are
+reached through the ports of ``agent.ports``: the managers themselves on this host (the
+local backend), or proxies to another host's managers (``backends.ray``).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from arl_tangram.agent.ports import ApiPort, CpuPort, GpuPort
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
-from arl_tangram.managers.api.manager import ApiManager
-from arl_tangram.managers.cpu.manager import CpuManager
-
-if TYPE_CHECKING:  # torch is imported only when a GPU manager is made
-    from arl_tangram.managers.gpu.manager import GpuManager
 
 # Of the host's memory, what sandboxes may hold in all (the rest: the host, the models' host
 # copies, the controller). An assumption; configurable per agent.
@@ -26,13 +23,16 @@ DEFAULT_SANDBOX_MEMORY_SHARE = 0.5
 
 @dataclass
 class NodeAgent:
-    """The managers of one node under the node ids the controller knows them by."""
+    """The managers of one node under the node ids the controller knows them by.
+    ``host_mem_bytes``: the node's physical memory; None means this host's (the agent's
+    managers are local), a remote backend sets what the node reported."""
 
     node_id: str
-    cpu: CpuManager | None = None
-    gpu: GpuManager | None = None
-    api: ApiManager | None = None
+    cpu: CpuPort | None = None
+    gpu: GpuPort | None = None
+    api: ApiPort | None = None
     sandbox_memory_share: float = DEFAULT_SANDBOX_MEMORY_SHARE
+    host_mem_bytes: int | None = None
 
     @property
     def cpu_node_id(self) -> str:
@@ -47,7 +47,8 @@ class NodeAgent:
         if self.cpu is None:
             return None
         numa_cores = self.cpu.numa_cores()
-        mem_bytes = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * self.sandbox_memory_share)
+        host = self.host_mem_bytes if self.host_mem_bytes is not None else local_mem_bytes()
+        mem_bytes = int(host * self.sandbox_memory_share)
         return CpuNodeSpec(self.cpu_node_id, tuple(numa_cores), mem_bytes)
 
     def gpu_node_spec(self) -> GpuNodeSpec | None:
@@ -66,3 +67,8 @@ class NodeAgent:
             raise LookupError("this node has no GPU manager")
         info = self.gpu.service_info(name)
         return ServiceSpec(name, int(info.weight_bytes), devices_min, devices_max)
+
+
+def local_mem_bytes() -> int:
+    """This host's physical memory."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -1,0 +1,209 @@
+"""Shell: the node agent actor of the Ray backend: it owns the CPU and GPU managers of the
+Ray node it was placed on (node affinity, by ``backends.ray.membership``).
+
+The actor is a threaded Ray actor: blocking manager calls run on its threads (up to
+``max_concurrency`` at once), so one long action never holds up another. ``ping`` and
+``cancel`` run in their own concurrency group, so a node whose threads are all busy with
+actions still answers its heartbeat. Manager calls arrive as (port, method, args) and are
+checked against the ports of ``agent.ports``: the actor runs exactly what a local agent's
+caller could run, nothing else.
+
+Its managers die with it: ``close`` destroys every sandbox and model; a killed actor's CPU
+manager is cleaned by its keeper process (``managers.cpu.keeper``), whose cgroups are named
+after the actor's own process, so two agents on one host never sweep each other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arl_tangram.agent.node import local_mem_bytes
+from arl_tangram.agent.ports import CpuPort, GpuPort
+from arl_tangram.managers.cpu.config import CpuManagerConfig
+
+log = logging.getLogger(__name__)
+
+CONTROL_GROUP = "control"  # ping and cancel: never queued behind actions
+# Which methods each port forwards: the Protocols' own, less what the proxy answers from
+# the registration report (numa_cores, device_capacity_bytes) or the actor does itself (close).
+_FORWARDED = {
+    "cpu": frozenset(n for n in dir(CpuPort) if not n.startswith("_"))
+    - {"numa_cores", "close", "exec", "run_in_session"},
+    "gpu": frozenset(n for n in dir(GpuPort) if not n.startswith("_"))
+    - {"device_capacity_bytes", "close"},
+}
+_CANCELLABLE = frozenset({"exec", "run_in_session"})
+
+
+def _control(fn: Any) -> Any:
+    """``ray.method(concurrency_group=CONTROL_GROUP)`` without importing ray here (the same
+    attribute it sets), so the method is in that group in the driver and the worker alike."""
+    fn.__ray_concurrency_group__ = CONTROL_GROUP
+    return fn
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """How the actor makes its GPU manager: ``devices`` ``"auto"`` (the CUDA devices Ray
+    gave the actor, else one CPU device) or a count of CPU devices, each with an arena of
+    ``device_mem_bytes``; ``mem_fraction`` of each CUDA device's memory."""
+
+    devices: str | int = "auto"
+    device_mem_bytes: int = 2 << 30
+    mem_fraction: float = 0.8
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node agent reports at registration: its real capacity, and who it is (the
+    cgroup root of its CPU manager, so a check can prove its sandboxes gone)."""
+
+    agent_id: str
+    hostname: str
+    pid: int
+    host_mem_bytes: int
+    numa_cores: tuple[int, ...] | None
+    device_capacity_bytes: tuple[int, ...] | None
+    cgroup_root: str | None
+
+
+class NodeAgentActor:
+    """The managers of one Ray node. Made through ``ray.remote`` by ``actor_class``."""
+
+    def __init__(
+        self, agent_id: str, cpu_config: CpuManagerConfig | None, gpu: GpuSettings | None
+    ) -> None:
+        self.agent_id = agent_id
+        self.cpu: Any = None
+        self.gpu: Any = None
+        self._cancels: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        if cpu_config is not None:
+            from arl_tangram.managers.cpu.manager import CpuManager
+
+            self.cpu = CpuManager(cpu_config)
+        if gpu is not None:
+            try:
+                self.gpu = _make_gpu_manager(gpu)
+            except BaseException:
+                self.close()
+                raise
+
+    def report(self) -> NodeReport:
+        """The node's capacity as its managers see it (called once, at registration)."""
+        return NodeReport(
+            self.agent_id, socket.gethostname(), os.getpid(), local_mem_bytes(),
+            tuple(self.cpu.numa_cores()) if self.cpu is not None else None,
+            tuple(self.gpu.device_capacity_bytes()) if self.gpu is not None else None,
+            self.cpu.root_name if self.cpu is not None else None,
+        )  # fmt: skip
+
+    @_control
+    def ping(self) -> float:
+        """The heartbeat: proves the actor's process and its node are alive."""
+        return time.time()
+
+    def call(self, port: str, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """One manager call, as a local agent's caller would make it. Raises what the
+        manager raises; ``AttributeError`` for a method no port forwards."""
+        return getattr(self._port(port, method), method)(*args, **kwargs)
+
+    def call_cancellable(
+        self, port: str, method: str, call_id: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Any:
+        """An action (``exec``, ``run_in_session``) that ``cancel(call_id)`` can stop: the
+        manager gets a cancel flag of this process in place of the caller's."""
+        if method not in _CANCELLABLE:
+            raise AttributeError(f"{method} is not a cancellable call")
+        flag = threading.Event()
+        with self._lock:
+            self._cancels[call_id] = flag
+        try:
+            return getattr(self._manager(port), method)(*args, **kwargs, cancel=flag)
+        finally:
+            with self._lock:
+                self._cancels.pop(call_id, None)
+
+    @_control
+    def cancel(self, call_id: str) -> bool:
+        """Stop a cancellable call (it ends ``cancelled``). False if it is not running."""
+        with self._lock:
+            flag = self._cancels.get(call_id)
+        if flag is None:
+            return False
+        flag.set()
+        return True
+
+    def register_service(
+        self, name: str, handler: str, folder: str | None, module: str | None
+    ) -> Any:
+        """Register a model service from a folder on this node or a ``pkg.mod:factory``
+        importable here; returns its ``ServiceInfo``."""
+        gpu = self._manager("gpu")
+        if folder is not None:
+            return gpu.register_folder(name, Path(folder), handler)
+        if module is None:
+            raise ValueError("a service needs a folder or a module")
+        module_name, _, attr = module.partition(":")
+        return gpu.register_module(
+            name, getattr(importlib.import_module(module_name), attr), handler
+        )
+
+    def close(self) -> list[str]:
+        """Destroy every sandbox and model of this node. Idempotent; returns what failed."""
+        problems: list[str] = []
+        for name in ("gpu", "cpu"):
+            manager = getattr(self, name)
+            setattr(self, name, None)
+            if manager is None:
+                continue
+            try:
+                manager.close()
+            except Exception as exc:  # noqa: BLE001 - close goes on past each manager's failure
+                problems.append(f"{name}: {type(exc).__name__}: {exc}")
+        return problems
+
+    def _manager(self, port: str) -> Any:
+        manager = getattr(self, port, None) if port in ("cpu", "gpu") else None
+        if manager is None:
+            raise RuntimeError(f"agent {self.agent_id} has no {port} manager")
+        return manager
+
+    def _port(self, port: str, method: str) -> Any:
+        if method not in _FORWARDED.get(port, ()):
+            raise AttributeError(f"{port}.{method} is not a call a node agent forwards")
+        return self._manager(port)
+
+
+def _make_gpu_manager(gpu: GpuSettings) -> Any:
+    from arl_tangram.managers.gpu.devices import discover_devices
+    from arl_tangram.managers.gpu.manager import GpuManager
+
+    if gpu.devices == "auto":
+        devices = discover_devices(
+            cpu_mem_bytes=(gpu.device_mem_bytes,), cuda_mem_fraction=gpu.mem_fraction
+        )
+    else:
+        devices = discover_devices(
+            cpu_mem_bytes=(gpu.device_mem_bytes,) * int(gpu.devices), use_cuda=False
+        )
+    return GpuManager(devices)
+
+
+def actor_class(max_concurrency: int) -> Any:
+    """``NodeAgentActor`` as a Ray actor class (threaded; ``ping``/``cancel`` apart)."""
+    import ray
+
+    remote: Any = ray.remote  # its stubs lack the actor-only options
+    return remote(
+        max_concurrency=max_concurrency, concurrency_groups={CONTROL_GROUP: 2}, max_restarts=0, num_cpus=0,
+    )(NodeAgentActor)  # fmt: skip

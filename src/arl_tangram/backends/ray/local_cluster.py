@@ -1,0 +1,94 @@
+"""Shell: a multi-node Ray cluster on this one host (``ray.cluster_utils.Cluster``), for the
+Ray backend's tests and bench: every "node" is a raylet of its own on loopback.
+
+Owns: Ray's temp dir (a ``arl-tangram-<pid>-ray-*`` dir of its own, removed at close, short
+enough for Ray's socket paths), the processes of every node (ended at close, the head
+last), this process's connection to the cluster, and the environment it changed (restored).
+Loopback only: Ray otherwise advertises the host's outward address.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+NODE_MEMORY_BYTES = 150 << 20  # each node's object store (Ray's minimum for tests)
+_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+class LocalRayCluster:
+    """``start(head_resources)``, ``add_node(resources)``, ``remove_node(node)``, ``close()``.
+    A node is returned as an opaque handle; ``node_id(node)`` is its Ray node id."""
+
+    def __init__(self) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix=f"arl-tangram-{os.getpid()}-ray-")
+        self._saved = {k: os.environ.get(k) for k in (*_ENV, "RAY_TMPDIR")}
+        self._cluster: Any = None
+
+    @property
+    def address(self) -> str:
+        return str(self._cluster.address)
+
+    def start(
+        self, head_resources: dict[str, float] | None = None, num_cpus: int = 1
+    ) -> LocalRayCluster:
+        """Start the head node (offering ``head_resources``) and connect this process."""
+        os.environ.update(_ENV)
+        os.environ["RAY_TMPDIR"] = self.temp_dir
+        import ray
+        from ray._private import ray_constants
+        from ray.cluster_utils import Cluster
+
+        # read at import; ray may have been imported before the environment was set
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        try:
+            self._cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": num_cpus, "resources": head_resources or {}, "include_dashboard": False,
+                    "object_store_memory": NODE_MEMORY_BYTES,
+                },
+            )  # fmt: skip
+            ray.init(address=self.address, log_to_driver=False)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def add_node(self, resources: dict[str, float], num_cpus: int = 1) -> Any:
+        """A new node offering ``resources``; returns once Ray lists it alive."""
+        return self._cluster.add_node(
+            num_cpus=num_cpus, resources=resources, object_store_memory=NODE_MEMORY_BYTES
+        )
+
+    def remove_node(self, node: Any) -> None:
+        """Kill the node's processes at once (SIGKILL), as a machine that dies."""
+        self._cluster.remove_node(node, allow_graceful=False)
+
+    @staticmethod
+    def node_id(node: Any) -> str:
+        return str(node.node_id)
+
+    def close(self) -> None:
+        """Disconnect, end every node, remove the temp dir, restore the environment. Idempotent."""
+        import ray
+
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+            if self._cluster is not None:
+                self._cluster.shutdown()
+                self._cluster = None
+        finally:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            for key, value in self._saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

@@ -1,0 +1,245 @@
+"""Shell: which Ray nodes are ARL-Tangram nodes, now: agents started on nodes that join,
+nodes declared lost when their agent's heartbeat stops.
+
+Runs on the controller's event loop, as one tracked task (``run``) with two loops:
+  * join: every ``join_poll_s``, ``ray.nodes()`` (on a thread: it is a GCS call) lists the
+    alive nodes offering ``resource`` (sandboxes) or ``gpu_resource`` (models); each new
+    one gets an agent actor pinned there (hard node affinity), which reports its capacity;
+    the services registered so far are registered on a GPU node, then ``controller.join``
+    makes its capacity schedulable, without a restart.
+  * heartbeat: every ``heartbeat_s`` each agent is pinged (at most one ping in flight per
+    agent; ping runs apart from the actor's action threads). An agent whose last answer is
+    older than ``loss_after_s``, whose ping failed, or whose Ray node Ray reports dead, is
+    lost: its calls in flight end with ``NodeLostError`` and ``NodeLost`` is posted for its
+    CPU and GPU node ids, so the core ends its running actions ``error`` (``node_lost``),
+    its envs lost and its replicas gone, and places nothing there again. The actor is killed
+    (its CPU manager's keeper then removes its sandboxes, should the node still be up).
+A lost Ray node never rejoins (Ray gives a restarted node a new id, which joins afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from arl_tangram.agent.node import NodeAgent
+from arl_tangram.backends.ray.actor import GpuSettings, NodeReport, actor_class
+from arl_tangram.backends.ray.proxies import NodeLink, RayCpuProxy, RayGpuProxy
+from arl_tangram.core.events import NodeLost
+from arl_tangram.managers.cpu.config import CpuManagerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """The Ray backend's knobs. ``resource`` marks sandbox nodes, ``gpu_resource`` model
+    nodes (a node may offer both); ``loss_after_s`` without a heartbeat answer declares a
+    node lost (keep it above a few ``heartbeat_s``)."""
+
+    resource: str = "arl_tangram"
+    gpu_resource: str = "arl_tangram_gpu"
+    heartbeat_s: float = 0.5
+    loss_after_s: float = 3.0
+    join_poll_s: float = 1.0
+    actor_threads: int = 64
+    agent_start_timeout_s: float = 180.0
+    gpu: GpuSettings = field(default_factory=GpuSettings)
+
+
+@dataclass
+class _Beat:
+    last_ok: float
+    pending: asyncio.Future[Any] | None = None
+
+
+class RayMembership:
+    """The Ray nodes' agents, as ``controller`` knows them. ``register`` registers the
+    services known so far on a new GPU agent (awaited before it joins); ``on_lost`` and
+    ``on_join`` are told each change with its wall time (benches time them)."""
+
+    def __init__(
+        self, controller: Any, settings: RaySettings, cpu_config: CpuManagerConfig,
+        register: Callable[[NodeAgent], Any] | None = None,
+    ) -> None:  # fmt: skip
+        self.controller = controller
+        self.settings = settings
+        self.cpu_config = cpu_config
+        self.register = register
+        self.links: dict[str, NodeLink] = {}  # ray node id -> link (live and lost)
+        self.agents: dict[str, NodeAgent] = {}  # ray node id -> agent
+        self.beats: dict[str, _Beat] = {}
+        self.on_lost: list[Callable[[NodeAgent, float], None]] = []
+        self.on_join: list[Callable[[NodeAgent, float], None]] = []
+        self._starting: set[str] = set()
+        self._actor_cls: Any = None
+
+    @property
+    def live_agents(self) -> list[NodeAgent]:
+        return [a for nid, a in self.agents.items() if not self.links[nid].lost.is_set()]
+
+    async def run(self) -> None:
+        """Join and heartbeat loops, until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._join_loop(), name="tangram-ray-join")
+            tg.create_task(self._heartbeat_loop(), name="tangram-ray-heartbeat")
+
+    # -- join ---------------------------------------------------------------------------
+    async def discover(self) -> list[NodeAgent]:
+        """Start an agent on every alive offering node without one, at once; returns the
+        agents that joined. A node whose agent fails to start is logged and retried at the
+        next poll. Nodes Ray reports dead are declared lost."""
+        import ray
+
+        nodes = await asyncio.to_thread(ray.nodes)
+        s = self.settings
+        fresh = []
+        for node in nodes:
+            nid, res = node["NodeID"], node.get("Resources", {})
+            if not node.get("Alive", False):
+                if nid in self.links and not self.links[nid].lost.is_set():
+                    self._declare_lost(nid, "Ray reports the node dead")
+                continue
+            if (
+                nid in self.links
+                or nid in self._starting
+                or not (res.get(s.resource) or res.get(s.gpu_resource))
+            ):
+                continue
+            fresh.append(
+                (
+                    nid,
+                    bool(res.get(s.resource)),
+                    bool(res.get(s.gpu_resource)),
+                    int(res.get("GPU", 0)),
+                )
+            )
+        joined = await asyncio.gather(*(self._start_agent(*f) for f in fresh))
+        return [a for a in joined if a is not None]
+
+    async def _start_agent(
+        self, ray_node_id: str, cpu: bool, gpu: bool, num_gpus: int
+    ) -> NodeAgent | None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._starting.add(ray_node_id)
+        agent_id = f"ray-{ray_node_id[:8]}"
+        actor = None
+        try:
+            if self._actor_cls is None:
+                self._actor_cls = actor_class(self.settings.actor_threads)
+            actor = self._actor_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
+                num_gpus=num_gpus if gpu else 0,
+            ).remote(agent_id, self.cpu_config if cpu else None, self.settings.gpu if gpu else None)  # fmt: skip
+            report: NodeReport = await asyncio.wait_for(
+                actor.report.remote(), self.settings.agent_start_timeout_s
+            )
+            link = NodeLink(agent_id, ray_node_id, actor, report)
+            agent = NodeAgent(
+                agent_id, cpu=RayCpuProxy(link) if cpu else None, gpu=RayGpuProxy(link) if gpu else None,
+                host_mem_bytes=report.host_mem_bytes,
+            )  # fmt: skip
+            if gpu and self.register is not None:
+                await self.register(agent)
+        except Exception:
+            log.exception(
+                "the agent on Ray node %s failed to start; retrying at the next poll", ray_node_id
+            )
+            if actor is not None:
+                _kill(actor)
+            return None
+        finally:
+            self._starting.discard(ray_node_id)
+        self.links[ray_node_id], self.agents[ray_node_id] = link, agent
+        self.beats[ray_node_id] = _Beat(time.monotonic())
+        self.controller.join(agent)
+        log.info("node %s joined (Ray node %s, host %s)", agent_id, ray_node_id, report.hostname)
+        for callback in self.on_join:
+            callback(agent, time.time())
+        return agent
+
+    async def _join_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.join_poll_s)
+            try:
+                await self.discover()
+            except Exception:  # a GCS hiccup must not end membership
+                log.exception("polling Ray's nodes failed")
+
+    # -- heartbeat ------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self.beat(time.monotonic())
+            await asyncio.sleep(self.settings.heartbeat_s)
+
+    def beat(self, now: float) -> None:
+        """One heartbeat round: read the answers, declare the silent lost, ping the others."""
+        for nid, beat in list(self.beats.items()):
+            link = self.links[nid]
+            if link.lost.is_set():
+                continue
+            pending = beat.pending
+            if pending is not None and pending.done():
+                beat.pending = None
+                if pending.cancelled() or pending.exception() is not None:
+                    self._declare_lost(nid, f"its agent's heartbeat failed ({_why(pending)})")
+                    continue
+                beat.last_ok = now
+            if now - beat.last_ok > self.settings.loss_after_s:
+                self._declare_lost(nid, f"no heartbeat for {now - beat.last_ok:.1f} s")
+            elif beat.pending is None:
+                beat.pending = asyncio.wrap_future(link.actor.ping.remote().future())
+
+    def _declare_lost(self, ray_node_id: str, why: str) -> None:
+        link, agent = self.links[ray_node_id], self.agents[ray_node_id]
+        link.declare_lost(f"node {agent.node_id} was lost: {why}")
+        beat = self.beats.pop(ray_node_id, None)
+        if beat is not None and beat.pending is not None:
+            beat.pending.cancel()
+        known = {n.node_id for n in self.controller.loop.state.spec.cpu_nodes}
+        known |= {n.node_id for n in self.controller.loop.state.spec.gpu_nodes}
+        for node_id in (agent.cpu_node_id, agent.gpu_node_id):
+            if node_id in known:
+                self.controller.post(NodeLost(node_id))
+        log.warning("node %s lost: %s", agent.node_id, why)
+        _kill(link.actor)
+        for callback in self.on_lost:
+            callback(agent, time.time())
+
+    # -- close ----------------------------------------------------------------------------
+    async def aclose(self, timeout_s: float = 60.0) -> list[str]:
+        """Close every live agent's managers (sandboxes and models destroyed), then end the
+        actors. Returns what failed to close."""
+        live = [link for link in self.links.values() if not link.lost.is_set()]
+        problems: list[str] = []
+        results = await asyncio.gather(
+            *(asyncio.wait_for(link.actor.close.remote(), timeout_s) for link in live), return_exceptions=True
+        )  # fmt: skip
+        for link, res in zip(live, results, strict=True):
+            if isinstance(res, BaseException):
+                problems.append(f"{link.agent_id}: {type(res).__name__}: {res}")
+            else:
+                problems += [f"{link.agent_id}: {p}" for p in res]
+            _kill(link.actor)
+        return problems
+
+
+def _why(future: asyncio.Future[Any]) -> str:
+    if future.cancelled():
+        return "cancelled"
+    exc = future.exception()
+    return type(exc).__name__ if exc is not None else "ok"
+
+
+def _kill(actor: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already dead, or Ray is shutting down
+        log.debug("killing an agent actor failed", exc_info=True)

@@ -1,0 +1,235 @@
+"""Shell: proxy managers of the Ray backend: a remote node's managers behind the ports of
+``agent.ports``, so the controller's dispatcher calls them exactly as local ones.
+
+Who calls: the dispatcher's worker threads (every method here blocks, as a manager's does),
+the SDK's and the API's host-side file and session calls (on threads too). Each call is one
+actor task; its result comes back by reference (Ray moves a large one between object
+stores, node to node, not through the GCS). A call waits in short slices so that it ends
+at once, with ``NodeLostError``, when the heartbeat monitor declares its node lost, and an
+action's cancel flag (a ``threading.Event`` of this process) is forwarded to the actor.
+What the node reported at registration (its cores, its devices) is answered locally: the
+controller asks on its event loop, which must never wait on the network.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arl_tangram.backends.ray.actor import NodeReport
+
+if TYPE_CHECKING:
+    from arl_tangram.managers.cpu.config import SandboxSpec
+    from arl_tangram.managers.cpu.results import ExecResult
+    from arl_tangram.managers.gpu.service import ServiceInfo
+
+WAIT_SLICE_S = 0.2  # how often a waiting call looks at its node's loss and its cancel flag
+_call_ids = itertools.count()
+
+
+class NodeLostError(RuntimeError):
+    """The call's node was declared lost (or its agent died): its outcome is unknown."""
+
+
+class NodeLink:
+    """One node's agent actor and whether the monitor has declared the node lost."""
+
+    def __init__(self, agent_id: str, ray_node_id: str, actor: Any, report: NodeReport) -> None:
+        self.agent_id = agent_id
+        self.ray_node_id = ray_node_id
+        self.actor = actor
+        self.report = report
+        self.lost = threading.Event()
+        self.lost_why = ""
+
+    def declare_lost(self, why: str) -> None:
+        self.lost_why = why
+        self.lost.set()
+
+    def call(self, port: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A manager call on the node (blocking)."""
+        self.check()
+        return self.wait(self.actor.call.remote(port, method, args, kwargs))
+
+    def call_cancellable(
+        self, port: str, method: str, cancel: threading.Event | None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """An action whose ``cancel`` flag, once set, stops it on the node."""
+        self.check()
+        call_id = f"{self.agent_id}:{next(_call_ids)}"
+        ref = self.actor.call_cancellable.remote(port, method, call_id, args, kwargs)
+        return self.wait(
+            ref,
+            lambda: cancel is not None and cancel.is_set(),
+            lambda: self.actor.cancel.remote(call_id),
+        )
+
+    def wait(self, ref: Any, cancelled: Any = None, on_cancel: Any = None) -> Any:
+        """The value of ``ref``; re-raises the manager's exception as itself; raises
+        ``NodeLostError`` when the node is lost or the actor died."""
+        import ray
+
+        sent_cancel = False
+        while True:
+            try:
+                return ray.get(ref, timeout=WAIT_SLICE_S)
+            except ray.exceptions.GetTimeoutError:
+                pass
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause
+                raise (cause if isinstance(cause, Exception) else exc) from None
+            except ray.exceptions.RayActorError as exc:
+                raise NodeLostError(
+                    f"node_lost: agent {self.agent_id} died ({type(exc).__name__})"
+                ) from None
+            if self.lost.is_set():
+                raise NodeLostError(f"node_lost: {self.lost_why}")
+            if not sent_cancel and cancelled is not None and cancelled():
+                on_cancel()
+                sent_cancel = True
+
+    def check(self) -> None:
+        """Raise ``NodeLostError`` once the node is declared lost."""
+        if self.lost.is_set():
+            raise NodeLostError(f"node_lost: {self.lost_why}")
+
+
+class RayCpuProxy:
+    """``CpuPort`` of a remote node: every call forwarded to its agent actor."""
+
+    def __init__(self, link: NodeLink) -> None:
+        assert link.report.numa_cores is not None
+        self.link = link
+        self._numa_cores = link.report.numa_cores
+
+    def numa_cores(self) -> tuple[int, ...]:
+        return self._numa_cores
+
+    def create_sandbox(
+        self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None
+    ) -> str:
+        return str(self.link.call("cpu", "create_sandbox", spec, sandbox_id=sandbox_id))
+
+    def hold(
+        self,
+        sandbox_id: str,
+        millicores: int,
+        numa_millicores: Sequence[int] | None = None,
+        *,
+        limit: bool = True,
+    ) -> None:
+        self.link.call("cpu", "hold", sandbox_id, millicores, _plain(numa_millicores), limit=limit)
+
+    def list_sandboxes(self) -> list[str]:
+        return list(self.link.call("cpu", "list_sandboxes"))
+
+    def destroy_sandbox(self, sandbox_id: str) -> None:
+        self.link.call("cpu", "destroy_sandbox", sandbox_id)
+
+    def exec(
+        self,
+        sandbox_id: str,
+        command: str | Sequence[str],
+        *,
+        cancel: threading.Event | None = None,
+        **kwargs: Any,
+    ) -> ExecResult:
+        kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
+        result: ExecResult = self.link.call_cancellable(
+            "cpu", "exec", cancel, sandbox_id, command, **kwargs
+        )
+        return result
+
+    def run_in_session(
+        self, session_id: str, command: str, *, cancel: threading.Event | None = None, **kwargs: Any
+    ) -> ExecResult:
+        kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
+        result: ExecResult = self.link.call_cancellable(
+            "cpu", "run_in_session", cancel, session_id, command, **kwargs
+        )
+        return result
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self.link.call("cpu", "write_file", sandbox_id, path, data, mode)
+
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int | None = None) -> bytes:
+        return bytes(self.link.call("cpu", "read_file", sandbox_id, path, max_bytes))
+
+    def open_session(
+        self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> str:
+        return str(
+            self.link.call(
+                "cpu", "open_session", sandbox_id, env=dict(env) if env else None, cwd=cwd
+            )
+        )
+
+    def close_session(self, session_id: str) -> None:
+        self.link.call("cpu", "close_session", session_id)
+
+    def close(self) -> None:
+        """The node's managers are closed with its actor (``RayMembership.aclose``)."""
+
+
+class RayGpuProxy:
+    """``GpuPort`` of a remote node: every call forwarded to its agent actor."""
+
+    def __init__(self, link: NodeLink) -> None:
+        assert link.report.device_capacity_bytes is not None
+        self.link = link
+        self._capacity = list(link.report.device_capacity_bytes)
+
+    def device_capacity_bytes(self) -> list[int]:
+        return list(self._capacity)
+
+    def service_info(self, name: str) -> ServiceInfo:
+        info: ServiceInfo = self.link.call("gpu", "service_info", name)
+        return info
+
+    def footprint_bytes(self, service: str, num_devices: int) -> int:
+        return int(self.link.call("gpu", "footprint_bytes", service, num_devices))
+
+    def register(
+        self, name: str, handler: str, folder: str | None, module: str | None
+    ) -> ServiceInfo:
+        """Register a service from a ``folder`` on the node, or a ``pkg.mod:factory`` path
+        imported there (the controller's host need not have the model's dependencies)."""
+        self.link.check()
+        info: ServiceInfo = self.link.wait(
+            self.link.actor.register_service.remote(name, handler, folder, module)
+        )
+        return info
+
+    def register_folder(self, name: str, path: str | Path, handler: str) -> ServiceInfo:
+        """``path`` is a folder on the remote node (the same path on every GPU node)."""
+        return self.register(name, handler, str(path), None)
+
+    def register_module(self, name: str, factory: Any, handler: str) -> ServiceInfo:
+        """``factory`` travels pickled (by reference when importable on the node)."""
+        info: ServiceInfo = self.link.call("gpu", "register_module", name, factory, handler)
+        return info
+
+    def load(self, replica_id: str, service: str, devices: Sequence[int]) -> float:
+        return float(self.link.call("gpu", "load", replica_id, service, list(devices)))
+
+    def evict(self, replica_id: str) -> None:
+        self.link.call("gpu", "evict", replica_id)
+
+    def run(self, replica_id: str, request: Any) -> dict[str, Any]:
+        output: dict[str, Any] = self.link.call("gpu", "run", replica_id, request)
+        return output
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.link.call("gpu", "status")
+        return status
+
+    def close(self) -> None:
+        """The node's managers are closed with its actor (``RayMembership.aclose``)."""
+
+
+def _plain(values: Sequence[int] | None) -> list[int] | None:
+    """A NUMA split as a plain list: what the core hands over may be a view of its state."""
+    return None if values is None else [int(v) for v in values]
