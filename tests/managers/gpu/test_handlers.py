@@ -11,7 +11,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from arl_tangram.managers.gpu import GpuManager
-from arl_tangram.managers.gpu.models import minilm_path
 
 PARAPHRASES = [
     ("A man is playing a guitar.", "Someone is strumming a guitar."),
@@ -28,10 +27,10 @@ UNRELATED = [
 
 
 def test_minilm_scores_paraphrases_above_unrelated_pairs(
-    make_manager: Callable[..., GpuManager],
+    make_manager: Callable[..., GpuManager], minilm: Path
 ) -> None:
     manager = make_manager([128 << 20])
-    manager.register_folder("reward/minilm", minilm_path(), "score")
+    manager.register_folder("reward/minilm", minilm, "score")
     manager.load("reward/minilm#0", "reward/minilm", [0])
 
     async def score_all() -> list[float]:
@@ -49,10 +48,10 @@ def test_minilm_scores_paraphrases_above_unrelated_pairs(
 
 
 def test_embeddings_are_unit_vectors_of_minilm_width(
-    make_manager: Callable[..., GpuManager],
+    make_manager: Callable[..., GpuManager], minilm: Path
 ) -> None:
     manager = make_manager([128 << 20])
-    manager.register_folder("minilm", minilm_path(), "embed")
+    manager.register_folder("minilm", minilm, "embed")
     manager.load("minilm", "minilm", [0])
     data = manager.run("minilm", {"input": ["one", "two words"]})["data"]
     assert [d["index"] for d in data] == [0, 1]

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arl_tangram.managers.gpu import GpuManager
 from arl_tangram.managers.gpu.layout import plan_host_layout, split_units
-from arl_tangram.managers.gpu.models import minilm_path
 
 
 @settings(max_examples=200, deadline=None)
@@ -50,19 +50,24 @@ def _owner_shards(manager: GpuManager, service: str, num_devices: int) -> dict[s
     return owners
 
 
+@pytest.mark.parametrize("service", ["teacher", "minilm"])
 def test_real_models_are_cut_only_at_module_boundaries(
-    make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
+    make_manager: Callable[..., GpuManager],
+    teacher_folders: list[Path],
+    request: pytest.FixtureRequest,
+    service: str,
 ) -> None:
     manager = make_manager([256 << 20])
-    manager.register_folder("minilm", minilm_path(), "embed")
-    manager.register_folder("teacher", teacher_folders[0], "logprobs")
-    for service in ("minilm", "teacher"):
-        total = manager.footprint_bytes(service, 1)
-        for parts in (2, 4, 8):
-            owners = _owner_shards(manager, service, parts)
-            split = {name: s for name, s in owners.items() if len(s) > 1}
-            assert not split, (service, parts, split)
-            assert len(manager._services[service].shards(parts)) == parts
-            assert manager.footprint_bytes(service, parts) < total
-    # BERT's embeddings own position_ids and have children: one shard for all of its own
-    assert len(_owner_shards(manager, "minilm", 8)["embeddings"]) == 1
+    if service == "minilm":
+        manager.register_folder("minilm", request.getfixturevalue("minilm"), "embed")
+    else:
+        manager.register_folder("teacher", teacher_folders[0], "logprobs")
+    total = manager.footprint_bytes(service, 1)
+    for parts in (2, 4, 8):
+        owners = _owner_shards(manager, service, parts)
+        split = {name: s for name, s in owners.items() if len(s) > 1}
+        assert not split, (service, parts, split)
+        assert len(manager._services[service].shards(parts)) == parts
+        assert manager.footprint_bytes(service, parts) < total
+    if service == "minilm":  # BERT's embeddings own position_ids and have children
+        assert len(_owner_shards(manager, "minilm", 8)["embeddings"]) == 1

@@ -6,6 +6,7 @@ never waits on a copy."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -80,7 +81,10 @@ def test_load_compacts_fragmented_space_and_never_evicts(
         "big": "resident",
     }
     assert before is None
-    with pytest.raises(InsufficientDeviceMemoryError, match=r"cpu:0 needs 2097152 bytes, has 0"):
+    device_id = manager.devices[0].device_id  # cpu:0 here, cuda:0/0 in the prepared GPU run
+    with pytest.raises(
+        InsufficientDeviceMemoryError, match=rf"{re.escape(device_id)} needs 2097152 bytes, has 0"
+    ):
         manager.load("f", "blob2", [0])
     assert manager.status()["replicas"]["b"]["state"] == "resident"  # nothing was evicted
 

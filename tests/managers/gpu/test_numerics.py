@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from arl_tangram.managers.gpu import GpuManager
-from arl_tangram.managers.gpu.models import minilm_path
 
 TOKENS = [5, 17, 300, 1024, 7, 7, 2048, 4000, 12, 99]
 
@@ -37,10 +36,10 @@ def test_logprobs_identical_after_evict_and_reload(
 
 
 def test_two_replicas_of_one_service_serve_from_their_own_copies(
-    make_manager: Callable[..., GpuManager],
+    make_manager: Callable[..., GpuManager], minilm: Path
 ) -> None:
     manager = make_manager([200 << 20])
-    manager.register_folder("minilm", minilm_path(), "embed")
+    manager.register_folder("minilm", minilm, "embed")
     request = {"input": ["The quick brown fox.", "Evict on execution."]}
     manager.load("a", "minilm", [0])
     manager.load("b", "minilm", [0])

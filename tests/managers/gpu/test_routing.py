@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from arl_tangram.managers.gpu import DeviceSpec, GpuManager, GpuManagerConfig, cpu_devices
-from arl_tangram.managers.gpu.models import minilm_path
 from arl_tangram.managers.gpu.routing import PlacementError, module_devices
 
 CASES = ["cpu-shim"] + (["cuda+cpu"] if torch.cuda.is_available() else [])
@@ -66,25 +65,32 @@ def _check_routes(manager: GpuManager, replica_id: str, run: Callable[[], Any]) 
 @pytest.mark.parametrize("case", CASES)
 def test_every_module_runs_on_its_own_device(case: str, teacher_folders: list[Path]) -> None:
     devices = _devices(case)
+    tokens = {"tokens": [3, 1, 4, 1, 5]}
     with GpuManager(devices, GpuManagerConfig()) as manager:
-        manager.register_folder("minilm", minilm_path(), "embed")
         manager.register_folder("teacher", teacher_folders[0], "logprobs")
-        everywhere = list(range(len(devices)))
-        manager.load("m", "minilm", everywhere)
-        manager.load("t", "teacher", everywhere)
-        manager.load("m1", "minilm", [0])
+        manager.load("t", "teacher", list(range(len(devices))))
         manager.load("t1", "teacher", [0])
-        request = {"input": ["routing across devices", "one more"]}
-        _check_routes(manager, "m", lambda: manager.run("m", request))
-        _check_routes(manager, "t", lambda: manager.run("t", {"tokens": [3, 1, 4, 1, 5]}))
-        split, whole = manager.run("m", request), manager.run("m1", request)
-        for a, b in zip(split["data"], whole["data"], strict=True):
-            torch.testing.assert_close(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]))
-        tokens = {"tokens": [3, 1, 4, 1, 5]}
+        _check_routes(manager, "t", lambda: manager.run("t", tokens))
         torch.testing.assert_close(
             torch.tensor(manager.run("t", tokens)["token_logprobs"][1:]),
             torch.tensor(manager.run("t1", tokens)["token_logprobs"][1:]),
         )
+        manager.check_invariants()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_bert_module_runs_on_its_own_device(case: str, minilm: Path) -> None:
+    """BERT: modules that own tensors and have children (embeddings' position_ids)."""
+    devices = _devices(case)
+    request = {"input": ["routing across devices", "one more"]}
+    with GpuManager(devices, GpuManagerConfig()) as manager:
+        manager.register_folder("minilm", minilm, "embed")
+        manager.load("m", "minilm", list(range(len(devices))))
+        manager.load("m1", "minilm", [0])
+        _check_routes(manager, "m", lambda: manager.run("m", request))
+        split, whole = manager.run("m", request), manager.run("m1", request)
+        for a, b in zip(split["data"], whole["data"], strict=True):
+            torch.testing.assert_close(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]))
         manager.check_invariants()
 
 
