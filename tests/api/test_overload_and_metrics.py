@@ -4,7 +4,10 @@ metrics scraped after a workload count exactly the actions that were run."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,6 +36,7 @@ async def test_a_full_queue_gets_503_with_retry_after_not_a_hang(sandbox_host: N
             assert r.status_code == 201 and r.json()["result"]["outcome"] == "succeeded"  # room again
             metrics = (await http.get("/metrics")).text
             assert 'tangram_actions_total{kind="exec",outcome="cancelled",tenant="default"} 2.0' in metrics
+            assert 'tangram_http_overload_total{status="503"} 1.0' in metrics
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -50,7 +54,8 @@ async def test_metrics_after_a_workload_count_the_actions_run(server: ServerThre
         execs = [http.post("/v1/actions", json={"type": "exec", "env_id": env, "command": f"exit {i % 2}"}, params={"wait_s": 20}) for i in range(4)]
         results = [r.json()["result"]["outcome"] for r in await asyncio.gather(*noops, *execs)]
         assert results.count("succeeded") == 9 and results.count("failed") == 2
-        s = _samples((await http.get("/metrics")).text)
+        text = (await http.get("/metrics")).text
+        s = _samples(text)
     noop, ex = (("kind", "noop"), ("tenant", "default")), (("kind", "exec"), ("tenant", "default"))
     assert s[("tangram_actions_total", (("kind", "noop"), ("outcome", "succeeded"), ("tenant", "default")))] == 7
     assert s[("tangram_actions_total", (("kind", "exec"), ("outcome", "succeeded"), ("tenant", "default")))] == 2
@@ -66,3 +71,10 @@ async def test_metrics_after_a_workload_count_the_actions_run(server: ServerThre
     assert s[("tangram_pool_capacity", (("pool", "local/cpu"), ("resource", "cpu_millicores")))] >= 1000
     assert s[("tangram_controller_rounds_total", ())] >= 1
     assert s[("tangram_pending_actions", ())] == 0
+    # every metric the Grafana dashboard plots is one this server exports
+    exported = {name for name, _labels in s} | set(re.findall(r"^# TYPE (\S+)", text, re.MULTILINE))
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" / "arl-tangram.json").read_text())
+    plotted = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"tangram_\w+", t["expr"])}
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in exported}
+    missing = {m for m in plotted if m not in exported and re.sub(r"_(total|bucket|sum|count)$", "", m) not in families}
+    assert len(plotted) >= 15 and not missing, missing

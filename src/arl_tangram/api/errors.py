@@ -64,11 +64,12 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "input": None}
+    first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request", "input": None}
     field = _loc(tuple(first.get("loc") or ()))
     if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # the action's "type"
         rule = str(first.get("msg", "invalid"))
-        return error_response(422, f"type: {rule}", "type", rule, (first.get("ctx") or {}).get("tag"))
+        ctx = first.get("ctx")
+        return error_response(422, f"type: {rule}", "type", rule, ctx.get("tag") if isinstance(ctx, dict) else None)
     # a union field fails once per member: say every way it could have been right
     rules = dict.fromkeys(str(e.get("msg", "invalid")) for e in errors if _loc(tuple(e.get("loc") or ())) == field)
     rule = " or ".join(rules) or str(first.get("msg", "invalid"))
@@ -81,6 +82,7 @@ async def _spec_error(_request: Request, exc: Exception) -> JSONResponse:
     value = getattr(exc, "value", None)
     retry_after_s = getattr(exc, "retry_after_s", None)
     if type(exc).__name__ == "TenantLimitError":
+        _count_refusal(_request, 429)
         return error_response(429, str(exc), field, rule, value, retry_after_s=retry_after_s or 1.0)
     return error_response(422, str(exc), field, rule, value)
 
@@ -95,7 +97,14 @@ async def _gone(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(410, str(exc), exc.field, exc.rule, exc.value)
 
 
+def _count_refusal(request: Request, status: int) -> None:
+    api = getattr(request.app.state, "api", None)
+    if api is not None:
+        api.metrics.rejected.labels(str(status)).inc()
+
+
 async def _overloaded(_request: Request, exc: Exception) -> JSONResponse:
+    _count_refusal(_request, 503)
     rule = getattr(exc, "rule", None) or str(exc)
     return error_response(503, f"overloaded: {rule}", "", rule, retry_after_s=getattr(exc, "retry_after_s", None) or 1.0)
 

@@ -21,11 +21,17 @@ from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
 from arl_tangram.api.auth import State, Tenant
-from arl_tangram.api.build import build
+from arl_tangram.api.build import INTERPRETERS, build
 from arl_tangram.api.schemas import ActionCreate, ActionView, ErrorBody, ServiceAction
 from arl_tangram.api.state import ApiState, wall_time_of
 from arl_tangram.core.errors import SpecError
-from arl_tangram.runtime.actions import ActionRecord, ActionResult
+from arl_tangram.runtime.actions import (
+    ActionRecord,
+    ActionResult,
+    ApiPayload,
+    ExecPayload,
+    ServicePayload,
+)
 
 router = APIRouter(prefix="/v1/actions", tags=["actions"])
 MAX_WAIT_S = 300.0
@@ -59,13 +65,21 @@ def view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
     spec, result = record.spec, record.result
     return {
         "action_id": state.external(tenant, spec.action_id),
-        "type": record.extra.get("type", "noop"),
-        "kind": record.extra.get("kind", spec.kind),
+        "type": record.extra.get("type") or _type_of(record),
+        "kind": record.extra.get("kind") or spec.kind.removeprefix(f"~{tenant}/"),
         "state": state_of(record),
         "submitted_at": wall_time_of(record.submitted_s),
         "started_at": wall_time_of(record.started_s) if record.started_s is not None else None,
         "result": result_dict(result) if result is not None else None,
     }
+
+
+def _type_of(record: ActionRecord) -> str:
+    """The API type of an action submitted elsewhere (in process, or before a restart)."""
+    payload = record.payload
+    if isinstance(payload, ExecPayload):
+        return "code" if payload.command in INTERPRETERS.values() else "exec"
+    return {ServicePayload: "service", ApiPayload: "api"}.get(type(payload), "noop")
 
 
 async def _wait(state: ApiState, record: ActionRecord, timeout_s: float) -> None:
@@ -97,6 +111,8 @@ async def submit_action(
         record.extra["type"] = body.type
         record.extra["kind"] = body.service if isinstance(body, ServiceAction) else spec.kind
         state.metrics.submitted_one(body.type, tenant)
+    if getattr(state.controller, "journal", None) is not None:
+        await state.controller.flush_journal()  # a 201 means it survives a restart
     await _wait(state, record, wait_s)
     return json_response(view(state, tenant, record), 201)
 
