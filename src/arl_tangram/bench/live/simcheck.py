@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+from arl_tangram.agent.node import DEFAULT_SANDBOX_MEMORY_SHARE
 from arl_tangram.bench.live.common import LiveOptions, WorkloadResult
 from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec
@@ -27,7 +28,7 @@ from arl_tangram.sim.workloads.coding import CodingParams, coding_workload
 from arl_tangram.sim.workloads.deepsearch import DeepSearchParams, deepsearch_workload
 from arl_tangram.sim.workloads.mopd import MopdParams, mopd_workload
 
-SIM_SEEDS = 3  # simulated steps averaged per workload: one small batch is a noisy sample
+SIM_SEEDS = 8  # simulated steps averaged per workload: one small batch is a noisy sample (each takes ms)
 GIB = 1 << 30
 # CodingParams fields the coding workload's ``fitted`` may lack, and what stands in: the
 # live coding run's documented shape (assumptions, printed in the report with the ratio)
@@ -73,10 +74,14 @@ def _gpu_nodes(devices: int, device_mem_bytes: int) -> tuple[GpuNodeSpec, ...]:
     return (GpuNodeSpec("gpu-live", devices, device_mem_bytes),) if devices else ()
 
 
-def _cluster(workload: Workload, cores: int, gpu_devices: int, device_mem_bytes: int = 80 * GIB) -> ClusterSpec:
-    """This machine as the simulator sees it: one CPU node of ``cores`` (one NUMA domain),
-    ``gpu_devices`` CPU devices as one GPU node, the workload's providers and services."""
-    cpu = (CpuNodeSpec("cpu-live", (cores,), 64 * GIB),) if cores else ()
+def _cluster(
+    workload: Workload, cores: int, gpu_devices: int, device_mem_bytes: int = 80 * GIB, host_mem_bytes: int = 64 * GIB
+) -> ClusterSpec:  # fmt: skip
+    """This machine as the simulator sees it: one CPU node of ``cores`` (one NUMA domain)
+    whose sandboxes may hold the node agent's share of ``host_mem_bytes`` (as live), and
+    ``gpu_devices`` CPU devices as one GPU node; the workload's providers and services."""
+    mem_bytes = int(host_mem_bytes * DEFAULT_SANDBOX_MEMORY_SHARE)
+    cpu = (CpuNodeSpec("cpu-live", (cores,), mem_bytes),) if cores else ()
     return ClusterSpec(cpu, _gpu_nodes(gpu_devices, device_mem_bytes), workload.quota_pools, dict(workload.services))
 
 
@@ -100,7 +105,8 @@ def coding_params(fitted: Mapping[str, Any]) -> tuple[CodingParams, int]:
 def _coding(fitted: Mapping[str, Any], seed: int) -> tuple[Workload, ClusterSpec]:
     params, cores = coding_params(fitted)
     workload = coding_workload(params, seed)
-    return workload, _cluster(workload, cores, int(fitted.get("gpu_devices", 0)))
+    host_mem_bytes = int(fitted.get("cluster", {}).get("mem_bytes", 64 * GIB))
+    return workload, _cluster(workload, cores, int(fitted.get("gpu_devices", 0)), host_mem_bytes=host_mem_bytes)
 
 
 BUILDERS = {"coding": _coding, "mopd": _mopd, "deepsearch": _deepsearch}
