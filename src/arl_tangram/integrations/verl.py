@@ -1,0 +1,157 @@
+"""Shell: verl adapters (optional extra: needs ``verl``): ``TangramCodeTool``, a ``BaseTool``
+whose sandbox lives across a trajectory's tool calls, and an async ``compute_score``.
+
+verl's ``ToolAgentLoop`` calls a tool as ``create`` -> ``execute`` -> ``release`` for EVERY
+call, with ``agent_data.request_id`` constant over a trajectory and no end-of-trajectory
+hook. So the tool keys its env on that request id, not on the instance: the env (files,
+installed packages) survives from call to call; ``release`` ends only the instance. Envs of
+finished trajectories are reclaimed by the tool after ``env_idle_s`` without a call (checked
+on every call) and, whatever happens to this process, by the server's lease. Swap
+``SandboxFusionTool`` for it by changing only ``class_name``: its config keys
+(``sandbox_fusion_url``, ``default_timeout``, ``default_language``, ``memory_limit_mb``) are
+read, and the rate-limit ones (``num_workers``, ``rate_limit``, ``enable_global_rate_limit``)
+are accepted and ignored: ARL-Tangram schedules every call as an action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from arl_tangram.client import Env
+from arl_tangram.integrations.connection import Endpoint, LazyClient
+from arl_tangram.integrations.grading import extract_code, grade, parse_cases
+
+RUNNERS = {"python": ("main.py", ["python3", "main.py"]), "bash": ("main.sh", ["bash", "main.sh"])}
+CODE_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "description": "Run code in a sandbox that keeps its files across this conversation's calls.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "required": ["code"],
+        },
+    },
+}
+
+
+class TangramCodeTool(BaseTool):
+    """A code interpreter on ARL-Tangram, one env per trajectory (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
+        super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(CODE_SCHEMA))
+        self.client = LazyClient(Endpoint.from_config(config))
+        self.timeout_s = float(config.get("default_timeout", 30))
+        self.language = str(config.get("default_language", "python"))
+        if self.language not in RUNNERS:
+            raise ValueError(f"default_language: must be one of {sorted(RUNNERS)} (got {self.language!r})")
+        self.memory = f"{int(config.get('memory_limit_mb', 1024))}MiB"
+        self.env_idle_s = float(config.get("env_idle_s", 600))
+        self.envs: dict[str, Env] = {}  # trajectory request id -> its env
+        self.last_used: dict[str, float] = {}
+        self.instances: dict[str, str] = {}  # instance id -> trajectory key ("" until known)
+        self._creating: dict[str, asyncio.Future[Env]] = {}
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+        instance_id = instance_id or str(uuid.uuid4())
+        self.instances[instance_id] = ""
+        return instance_id, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+        """Run ``parameters["code"]`` in the trajectory's env; the text is stdout + stderr."""
+        agent_data = kwargs.get("agent_data")
+        key = str(getattr(agent_data, "request_id", None) or instance_id)
+        self.instances[instance_id] = key
+        await self._reclaim_idle()
+        env = await self._env(key)
+        language = str(parameters.get("language") or self.language)
+        if language not in RUNNERS:
+            return ToolResponse(text=f"language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
+        source, argv = RUNNERS[language]
+        await env.write_file(source, str(parameters.get("code", "")))
+        r = await env.exec(argv, timeout_s=self.timeout_s, kind="verl:code")
+        self.last_used[key] = time.monotonic()
+        text = r.stdout + r.stderr
+        if r.outcome == "timed_out":
+            text += f"\n[timed out after {self.timeout_s:g} s]"
+        elif r.outcome not in ("succeeded", "failed"):
+            text += f"\n[sandbox error: {r.cause or r.outcome}]"
+        return ToolResponse(text=text), 0.0, {"outcome": r.outcome, "exit_code": r.exit_code, "act_s": r.act_s}
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Ends the instance; the trajectory's env stays for its next call. An instance
+        that never learnt its trajectory had an env of its own: that one goes now."""
+        key = self.instances.pop(instance_id, None)
+        if key == instance_id:
+            await self._drop(key)
+
+    async def _env(self, key: str) -> Env:
+        if key in self.envs:
+            return self.envs[key]
+        if key not in self._creating:  # concurrent calls of one trajectory share one creation
+            self._creating[key] = asyncio.ensure_future(self._create_env(key))
+        try:
+            return await asyncio.shield(self._creating[key])
+        finally:
+            self._creating.pop(key, None)
+
+    async def _create_env(self, key: str) -> Env:
+        client = await self.client.get()
+        env = await client.create_env(memory=self.memory, trajectory_id=key[:128])
+        self.envs[key] = env
+        self.last_used[key] = time.monotonic()
+        return env
+
+    async def _reclaim_idle(self) -> None:
+        horizon = time.monotonic() - self.env_idle_s
+        for key in [k for k, t in self.last_used.items() if t < horizon and k not in self.instances.values()]:
+            await self._drop(key)
+
+    async def _drop(self, key: str) -> None:
+        self.last_used.pop(key, None)
+        env = self.envs.pop(key, None)
+        if env is not None:
+            await env.release()
+
+    async def aclose(self) -> None:
+        """Release every env and the connection (tests, shutdown)."""
+        for key in list(self.envs):
+            await self._drop(key)
+        await self.client.aclose()
+
+
+_score_clients: dict[Endpoint, LazyClient] = {}
+
+
+async def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None, *,
+    tangram_url: str | None = None, tangram_token: str | None = None, sandbox_fusion_url: str | None = None,
+    timeout: float = 10.0, memory_limit_mb: int = 1024, max_dop: int = 16, **_: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """verl's ``reward.custom_reward_function`` (``reward_kwargs`` give the server): the
+    fraction of ``ground_truth``'s stdin/stdout cases the completion's last code block
+    passes, graded in ONE elastic action on a fresh env (see ``grading``). Returns
+    ``{"score", "acc", "verdicts"}``; no code block scores 0."""
+    code = extract_code(solution_str)
+    cases = parse_cases(ground_truth)
+    if code is None or not cases:
+        return {"score": 0.0, "acc": False, "verdicts": []}
+    endpoint = Endpoint.from_config({"tangram_url": tangram_url, "tangram_token": tangram_token, "sandbox_fusion_url": sandbox_fusion_url})
+    client = await _score_clients.setdefault(endpoint, LazyClient(endpoint)).get()
+    async with await client.create_env(memory=f"{int(memory_limit_mb)}MiB") as env:
+        verdicts = await grade(env, code, cases, timeout_s=float(timeout), max_dop=max_dop)
+    passed = sum(1 for v in verdicts if v is True)
+    return {"score": passed / len(cases), "acc": passed == len(cases), "verdicts": verdicts}
+
+
+async def close_score_clients() -> None:
+    """Close ``compute_score``'s connections (at the end of a run, or of a test)."""
+    while _score_clients:
+        await _score_clients.popitem()[1].aclose()

@@ -1,0 +1,56 @@
+"""The mini-swe-agent / SkyRL environment class and the SWE-ReX deployment, against a real
+server: each selected by its dotted path, as the frameworks' configs do."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+
+from arl_tangram.api.server import ServerThread
+from tests.integrations.conftest import TOKEN
+
+
+def by_dotted_path(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def live_envs(server: ServerThread) -> int:
+    return len(httpx.get(f"{server.url}/v1/envs", headers={"Authorization": f"Bearer {TOKEN}"}).json()["envs"])
+
+
+def test_the_minisweagent_environment(tangram: ServerThread) -> None:
+    cls = by_dotted_path("arl_tangram.integrations.minisweagent.TangramEnvironment")
+    with cls(url=tangram.url, token=TOKEN, memory="256MiB", timeout=5, env={"PAGER": "cat"}) as env:
+        r = env.execute("echo out; echo err >&2; echo $PAGER; exit 3")
+        assert r == {"output": "out\nerr\ncat\n", "returncode": 3}
+        env.execute("mkdir -p repo && echo 'print(1)' > repo/a.py")
+        assert env.execute("python3 a.py", cwd="/workspace/repo") == {"output": "1\n", "returncode": 0}
+        with pytest.raises(subprocess.TimeoutExpired):
+            env.execute("sleep 30", timeout=0.5)
+        assert env.get_template_vars()["env_id"]
+        assert live_envs(tangram) == 1
+    assert live_envs(tangram) == 0
+
+
+@pytest.mark.anyio
+async def test_the_swerex_deployment_hands_back_a_remote_runtime(tangram: ServerThread) -> None:
+    pytest.importorskip("swerex", reason="the swe-rex package is not installed")
+    from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
+
+    config_cls = by_dotted_path("arl_tangram.integrations.swerex.TangramDeploymentConfig")
+    deployment = config_cls(url=tangram.url, token=TOKEN, memory="256MiB").get_deployment()
+    await deployment.start()
+    try:
+        assert (await deployment.is_alive()).is_alive
+        await deployment.runtime.create_session(CreateBashSessionRequest())
+        await deployment.runtime.run_in_session(BashAction(command="cd /tmp && X=7"))
+        assert (await deployment.runtime.run_in_session(BashAction(command="echo $X $(pwd)"))).output == "7 /tmp\n"
+        assert live_envs(tangram) == 1
+    finally:
+        await deployment.stop()
+    assert live_envs(tangram) == 0
