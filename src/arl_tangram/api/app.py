@@ -23,7 +23,6 @@ from arl_tangram.api.auth import tokens_from_config
 from arl_tangram.api.state import (
     DEFAULT_CREATE_TIMEOUT_S,
     DEFAULT_MAX_QUEUED_ACTIONS,
-    DEFAULT_RESULT_RETENTION_S,
     ApiState,
     check_tenant_name,
 )
@@ -37,7 +36,6 @@ def create_app(
     *,
     tokens: Mapping[str, str] | None = None,
     max_queued_actions: int | None = None,
-    result_retention_s: float | None = None,
     create_timeout_s: float | None = None,
 ) -> FastAPI:
     """The app. ``tokens`` maps bearer token -> tenant, added to the configured ones; with
@@ -45,7 +43,7 @@ def create_app(
     submitted and not yet ended (beyond it: 503 with ``Retry-After``)."""
     settings = dict(
         tokens=dict(tokens or {}), max_queued_actions=max_queued_actions,
-        result_retention_s=result_retention_s, create_timeout_s=create_timeout_s,
+        create_timeout_s=create_timeout_s,
     )  # fmt: skip
     for token, tenant in settings["tokens"].items():  # type: ignore[union-attr]
         check_tenant_name(tenant, "tokens")
@@ -82,8 +80,7 @@ def create_app(
 def _setting(explicit: Any, config: TangramConfig, name: str, default: Any) -> Any:
     if explicit is not None:
         return explicit
-    service = getattr(config, "service", None)
-    value = getattr(service, name, None) if service is not None else None
+    value = getattr(config.service, name, None)
     return default if value is None else value
 
 
@@ -94,9 +91,7 @@ def _make_state(runtime: EmbeddedRuntime, settings: dict[str, Any]) -> ApiState:
     if max_queued < 1:
         raise ConfigError("max_queued_actions", "must be an integer >= 1", max_queued)
     state = ApiState(
-        runtime, tokens=tokens, max_queued_actions=max_queued,
-        result_retention_s=float(_setting(settings["result_retention_s"], config, "result_retention_s", DEFAULT_RESULT_RETENTION_S)),
-        shared_services=frozenset(s.name for s in config.services),
+        runtime, tokens=tokens, max_queued_actions=max_queued, shared_services=frozenset(s.name for s in config.services),
     )  # fmt: skip
     state.create_timeout_s = float(settings["create_timeout_s"] or DEFAULT_CREATE_TIMEOUT_S)
     state.on_done.append(state.metrics.observe)

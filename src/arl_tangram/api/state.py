@@ -1,5 +1,5 @@
 """Shell: what the API layer keeps beside the controller: tenant scoping of ids, the bound
-on pending actions, session ownership, and the controller calls it feature-detects.
+on pending actions, session ownership.
 
 Who calls: the route handlers, on the server's event loop (the controller's loop), so
 nothing here is locked. Ids are scoped per tenant: the internal id of a tenant's env or
@@ -7,13 +7,13 @@ action is ``f"{tenant}.{external_id}"`` (tenant names hold no dot, so the split 
 unambiguous and the internal id is still a valid sandbox id); a tenant's own services are
 ``f"~{tenant}/{name}"``, a prefix no operator-registered name can take. Looking an id up
 always goes through ``scoped``, so another tenant's id is simply not found (404).
+Idempotency, result retention and env leases are the controller's (``submit(...,
+request_id=)``, ``ack``, ``renew_env``); the API only maps them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import inspect
 import re
 import time
 import uuid
@@ -30,10 +30,8 @@ from arl_tangram.runtime.embedded import EmbeddedRuntime
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,16}$")
 DEFAULT_MAX_QUEUED_ACTIONS = 10_000
-DEFAULT_RESULT_RETENTION_S = 600.0
 DEFAULT_CREATE_TIMEOUT_S = 120.0
 T = TypeVar("T")
-MAX_RETAINED_RESULTS = 200_000  # beyond this the oldest unread results go first
 
 
 class NotFound(LookupError):
@@ -94,27 +92,17 @@ class ApiState:
         *,
         tokens: Mapping[str, str],
         max_queued_actions: int,
-        result_retention_s: float,
         shared_services: frozenset[str],
     ) -> None:
         self.runtime = runtime
         self.controller = runtime.controller
         self.tokens = dict(tokens)  # token -> tenant; empty: unauthenticated, tenant "default"
         self.max_queued_actions = max_queued_actions
-        self.result_retention_s = result_retention_s
         self.shared_services = set(shared_services)
         self.pending: set[str] = set()  # internal ids of unfinished actions submitted here
         self.sessions: dict[str, set[str]] = {}  # internal env id -> its open session ids
         self.closing = False
-        params = inspect.signature(self.controller.submit).parameters
-        self._idempotent = "request_id" in params
-        # The runtime keeps results until ack or its retention TTL once it has ``ack``;
-        # until then the API forgets read-or-not results after ``result_retention_s``.
-        self._own_retention = not hasattr(self.controller, "ack")
-        self._done: collections.deque[tuple[float, str]] = collections.deque()
         self.on_done: list[Any] = []  # callbacks(record) when an action submitted here ends
-        self._requests: dict[str, str] = {}  # scoped request id -> internal action id (fallback)
-        self._request_of: dict[str, str] = {}
         self.metrics: ApiMetrics = ApiMetrics()
         self.create_timeout_s = DEFAULT_CREATE_TIMEOUT_S
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -163,16 +151,14 @@ class ApiState:
         env's lease when the runtime keeps leases (any use of an env renews it)."""
         internal = self.scoped(tenant, env_id)
         if internal not in self.controller.env_specs:
-            expired = getattr(self.controller, "expired_env", lambda _e: None)(internal)
+            expired = self.controller.expired_env(internal)
             if expired is not None:
                 raise Gone("env_id", env_id, f"was released: its lease ran out ({_describe(expired)})")
             raise NotFound("env_id", env_id)
-        renew = getattr(self.controller, "renew_env", None)
-        if renew is not None:
-            try:
-                renew(internal)
-            except SpecError:
-                raise NotFound("env_id", env_id) from None
+        try:
+            self.controller.renew_env(internal)
+        except SpecError:
+            raise NotFound("env_id", env_id) from None
         return internal
 
     def envs_of(self, tenant: str) -> list[str]:
@@ -205,68 +191,30 @@ class ApiState:
     # -- actions --------------------------------------------------------------------------
     def record(self, tenant: str, action_id: str) -> ActionRecord:
         """The record of one of ``tenant``'s actions; ``NotFound`` otherwise."""
-        get = getattr(self.controller, "get", None)
-        internal = self.scoped(tenant, action_id)
-        record = get(internal) if get is not None else self.controller.store.get(internal)
+        record = self.controller.get(self.scoped(tenant, action_id))
         if record is None or record.spec.tenant != tenant:
             raise NotFound("action_id", action_id)
         return record
 
     def submit(self, spec: ActionSpec, payload: Payload, request_id: str | None) -> ActionRecord:
-        """Hand an action to the controller, within the bound on pending actions. An
-        idempotent resubmission (same tenant and request id) returns the existing record."""
-        self._expire()
+        """Hand an action to the controller, within the bound on pending actions. The same
+        (tenant, request id) again returns the first record (the controller's idempotency)."""
         if self.closing:
             raise Overloaded("the service is shutting down", 5.0)
         if len(self.pending) >= self.max_queued_actions:
             raise Overloaded(f"at most max_queued_actions={self.max_queued_actions} actions may be pending", 1.0)
-        if self._idempotent and request_id is not None:
-            record = self.controller.submit(spec, payload, request_id=request_id)
-        elif request_id is not None:
-            record = self._submit_once(spec, payload, request_id)
-        else:
-            record = self.controller.submit(spec, payload)
+        record = self.controller.submit(spec, payload, request_id=request_id)
         action_id = record.spec.action_id
         if record.result is None and action_id not in self.pending:
             self.pending.add(action_id)
             record.done.add_done_callback(lambda _f: self._ended(record))
         return record
 
-    def _submit_once(self, spec: ActionSpec, payload: Payload, request_id: str) -> ActionRecord:
-        """Idempotency until the controller has its own: (tenant, request id) -> the first
-        action, for as long as that action's record is kept."""
-        key = self.scoped(spec.tenant, request_id)
-        first = self._requests.get(key)
-        record = self.controller.store.get(first) if first is not None else None
-        if record is not None:
-            return record
-        record = self.controller.submit(spec, payload)
-        self._requests[key] = spec.action_id
-        self._request_of[spec.action_id] = key
-        return record
-
     def _ended(self, record: ActionRecord) -> None:
         self.pending.discard(record.spec.action_id)
-        if self._own_retention:
-            self._done.append((time.monotonic(), record.spec.action_id))
         for callback in self.on_done:
             callback(record)
 
     def ack(self, record: ActionRecord) -> None:
-        """The owner has the result: drop it (idempotent; a running action is left alone)."""
-        ack = getattr(self.controller, "ack", None)
-        if ack is not None:
-            ack(record.spec.action_id)
-        else:
-            self.controller.store.forget(record.spec.action_id)
-        self._requests.pop(self._request_of.pop(record.spec.action_id, ""), None)
-
-    def _expire(self) -> None:
-        if not self._own_retention:
-            return
-        horizon = time.monotonic() - self.result_retention_s
-        done = self._done
-        while done and (done[0][0] < horizon or len(done) > MAX_RETAINED_RESULTS):
-            action_id = done.popleft()[1]
-            self.controller.store.forget(action_id)
-            self._requests.pop(self._request_of.pop(action_id, ""), None)
+        """The owner has the result: drop it (idempotent)."""
+        self.controller.ack(record.spec.action_id)
