@@ -21,13 +21,14 @@ Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,22 @@ def _raw_copier(torch: Any, device: Any, payload: int) -> Callable[[], float]:
     return raw
 
 
-def _drop_file_cache(folder: Path) -> None:
-    """Evict only this model's files from the page cache, so the next read comes from disk."""
+def _drop_file_cache(folder: Path) -> bool:
+    """Evict only this model's files from the page cache, so the next read comes from disk.
+
+    ``False`` where the kernel refuses (some sandboxes lack ``fadvise``): the "cold" load is
+    then a page-cache load, and the result says so (``cold_load_cache_dropped``).
+    """
+    dropped = True
     for path in folder.glob("*.safetensors"):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            dropped = False
         finally:
             os.close(fd)
+    return dropped
 
 
 def _cold_loader(torch: Any, device: Any, folder: Path, drop_cache: bool) -> Callable[[], float]:
@@ -203,6 +212,7 @@ def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, 
     _log(f"{payload / 1e6:.0f} MB: raw copy {raw_s * 1e3:.2f} ms, swap-in {swap_s * 1e3:.2f} ms")
     cold_s = _median_s(max(1, min(args.repeats, 3)), _cold_loader(torch, device, folder, True))
     warm_s = _median_s(max(1, min(args.repeats, 3)), _cold_loader(torch, device, folder, False))
+    dropped = _drop_file_cache(folder)
     _log(f"cold load: {cold_s:.3f} s from disk, {warm_s:.3f} s from the page cache")
     return {
         "model_bytes": payload,
@@ -211,6 +221,7 @@ def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, 
         "swap_in_gbps": payload / swap_s / 1e9,
         "swap_efficiency": raw_s / swap_s,
         "cold_load_s": cold_s,
+        "cold_load_cache_dropped": dropped,
         "cold_load_page_cache_s": warm_s,
         "swap_in_s": swap_s,
         "swap_vs_cold": cold_s / swap_s,
@@ -332,6 +343,16 @@ def _print_table(result: dict[str, Any]) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+@contextlib.contextmanager
+def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
+    """Seconds of each phase (``phase_s`` in the JSON): where a run's budget went."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phase_s[name] = round(time.perf_counter() - started, 2)
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -352,19 +373,28 @@ def main(argv: list[str]) -> int:
     cache = Path(args.cache_dir)
     _log(f"device {device}; generating models in {cache} (cached)")
     started = time.perf_counter()
-    folder = generate_causal_lm(cache, int(args.model_mb * 1e6), seed=args.seed, dtype=args.dtype)
-    result: dict[str, Any] = {"device": device}
-    result.update(measure_copy_swap_cold(args, folder))
+    phase_s: dict[str, float] = {}
+    # figures on a shared host: say how shared (1-minute load average at start and end)
+    loadavg = [os.getloadavg()[0]]
+    result: dict[str, Any] = {"device": device, "phase_s": phase_s, "host_loadavg_1m": loadavg}
+    with _timed(phase_s, "generate"):
+        folder = generate_causal_lm(
+            cache, int(args.model_mb * 1e6), seed=args.seed, dtype=args.dtype
+        )
+        small = generate_causal_lm(cache, int(args.teacher_mb * 1e6), seed=100, dtype=args.dtype)
+    with _timed(phase_s, "copy_swap_cold"):
+        result.update(measure_copy_swap_cold(args, folder))
     _log("fragmentation churn")
-    fragmentation = measure_fragmentation(args)
+    with _timed(phase_s, "fragmentation"):
+        fragmentation = measure_fragmentation(args)
     result["fragmentation_largest_free_extent_ratio"] = fragmentation["largest_free_extent_ratio"]
     result["fragmentation_largest_free_ratio"] = fragmentation["largest_free_extent_ratio"]
     result["fragmentation"] = fragmentation
     _log(f"loop stall: two {args.swap_mb:.0f} MB services alternating for {args.stall_s:.0f} s")
-    small = generate_causal_lm(cache, int(args.teacher_mb * 1e6), seed=100, dtype=args.dtype)
-    stall = gpu_stall.measure(
-        _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), args.stall_s
-    )
+    with _timed(phase_s, "loop_stall"):
+        stall = gpu_stall.measure(
+            _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), args.stall_s
+        )
     _log(
         f"loop stall p99 {stall['loop_stall_p99_ms']:.2f} ms, slowdown {stall['resident_call_slowdown_during_swaps']:.2f}"
     )
@@ -373,9 +403,11 @@ def main(argv: list[str]) -> int:
     )
     result["loop_stall"] = stall
     _log("mopd: 9 teachers")
-    result["mopd"] = measure_mopd(args, cache)
+    with _timed(phase_s, "mopd"):
+        result["mopd"] = measure_mopd(args, cache)
     result["targets"] = _targets(result)
     result["assumptions"] = ASSUMPTIONS
+    loadavg.append(os.getloadavg()[0])
     result["elapsed_s"] = time.perf_counter() - started
     if args.json:
         print(json.dumps(result))

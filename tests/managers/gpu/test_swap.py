@@ -90,6 +90,8 @@ def test_live_replicas_never_share_a_module_or_storage_and_evict_frees_the_exten
     assert pool.num_pooled == 2
     manager.close()
     assert pool.num_pooled == 0  # closed: nothing keeps views of the freed arena
+    for module in (module_b, module_c):
+        assert all(t.numel() == 0 for t in module.parameters())
 
 
 def test_multi_device_reload_reuses_the_tree_and_routes_again(

@@ -267,7 +267,9 @@ class Replica:
             hook.remove()
         self._hooks = []
         skeleton, self._skeleton = self._skeleton, None
-        if recycle and skeleton is not None and self.service.skeletons is not None:
+        if skeleton is not None and recycle and self.service.skeletons is not None:
             self.service.skeletons.release(self._devices_key, skeleton)
+        elif skeleton is not None and self.num_in_flight == 0:
+            skeleton.unbind()  # let go of the arena now, not at a later GC pass
         self.model = None
         self._arenas = []

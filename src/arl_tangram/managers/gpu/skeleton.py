@@ -41,6 +41,7 @@ class Skeleton:
 
     def __init__(self, model: LoadedModel, refs: list[TensorRef]) -> None:
         self.model = model
+        self._dtypes = [ref.dtype for ref in refs]
         module = model.module
         self._params: list[torch.nn.Parameter | None] = [
             module.get_parameter(ref.param_name) if ref.param_name is not None else None
@@ -58,6 +59,11 @@ class Skeleton:
                 param.data = tensor
             for buffers, key in slots:
                 buffers[key] = tensor
+
+    def unbind(self) -> None:
+        """Point every weight at an empty placeholder, so nothing here keeps arena memory alive
+        (module trees may sit in reference cycles that only a later GC pass would free)."""
+        self.bind([torch.empty(0, dtype=dtype) for dtype in self._dtypes])
 
 
 class SkeletonPool:
@@ -84,17 +90,23 @@ class SkeletonPool:
         return self._build()  # outside the lock: the copy is the slow part
 
     def release(self, devices_key: Hashable, skeleton: Skeleton) -> None:
-        """Take back a skeleton whose replica no run can reach any more. After ``close``: drop it."""
+        """Take back a skeleton whose replica no run can reach any more (after ``close``:
+        unbind it and let it go)."""
         with self._lock:
             if not self._closed:
                 self._returned.setdefault(devices_key, []).append(skeleton)
+                return
+        skeleton.unbind()
 
     def close(self) -> None:
         """Forget every pooled skeleton (they alias arena bytes). Idempotent."""
         with self._lock:
             self._closed = True
+            pooled = [s for group in self._returned.values() for s in group]
             self._fresh.clear()
             self._returned.clear()
+        for skeleton in pooled:
+            skeleton.unbind()
 
     @property
     def num_pooled(self) -> int:
