@@ -11,6 +11,22 @@ on every call) and, whatever happens to this process, by the server's lease. Swa
 (``sandbox_fusion_url``, ``default_timeout``, ``default_language``, ``memory_limit_mb``) are
 read, and the rate-limit ones (``num_workers``, ``rate_limit``, ``enable_global_rate_limit``)
 are accepted and ignored: ARL-Tangram schedules every call as an action.
+
+Tool YAML (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
+
+    tools:
+      - class_name: arl_tangram.integrations.verl.TangramCodeTool
+        config:
+          type: native
+          sandbox_fusion_url: http://tangram:8080/t/<token>/run_code   # or tangram_url + tangram_token
+          default_timeout: 30
+          memory_limit_mb: 1024
+          env_idle_s: 600
+
+Reward (``reward.custom_reward_function``): ``path`` = this file, ``name: compute_score``,
+``reward_kwargs: {tangram_url: http://tangram:8080, tangram_token: <token>, timeout: 10}``;
+dataset rows carry ``reward_model.ground_truth`` = ``{"inputs": [...], "outputs": [...]}``
+(or its JSON), verl's sandbox_fusion format; the completion's last fenced block is graded.
 """
 
 from __future__ import annotations
