@@ -77,6 +77,7 @@ def test_mopd_quick_swaps_teachers_in_a_third_of_the_memory() -> None:
     p = mopd.live_params(QUICK)
     plans = mopd.make_plans(p, QUICK.seed)
     calls = sum(len(plan.calls) for plan in plans)
+    assert len({plan.teacher for plan in plans}) > p.tangram_devices  # the stream cannot fit resident
     result = mopd.run(QUICK, Progress(io.StringIO()))
     assert result.name == "mopd" and {r.system for r in result.runs} == {"tangram", "static"}
     for run in result.runs:
