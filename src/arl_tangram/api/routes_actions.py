@@ -22,7 +22,12 @@ from fastapi.responses import StreamingResponse
 
 from arl_tangram.api.auth import State, Tenant
 from arl_tangram.api.build import INTERPRETERS, build
-from arl_tangram.api.schemas import ActionCreate, ActionView, ErrorBody, ServiceAction
+from arl_tangram.api.schemas import (
+    ERROR_RESPONSES,
+    ActionCreate,
+    ActionView,
+    ServiceAction,
+)
 from arl_tangram.api.state import ApiState, wall_time_of
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import (
@@ -35,9 +40,6 @@ from arl_tangram.runtime.actions import (
 
 router = APIRouter(prefix="/v1/actions", tags=["actions"])
 MAX_WAIT_S = 300.0
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 409, 422, 429, 503)
-}
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:
@@ -92,7 +94,7 @@ async def _wait(state: ApiState, record: ActionRecord, timeout_s: float) -> None
 WaitS = Annotated[float, Query(ge=0.0, le=MAX_WAIT_S, description="wait up to this long for the result")]
 
 
-@router.post("", response_model=ActionView, status_code=201, responses=ERRORS)
+@router.post("", response_model=ActionView, status_code=201, responses=ERROR_RESPONSES)
 async def submit_action(
     state: State, tenant: Tenant, body: Annotated[ActionCreate, Body()], wait_s: WaitS = 0.0,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
@@ -117,12 +119,12 @@ async def submit_action(
     return json_response(view(state, tenant, record), 201)
 
 
-@router.get("/{action_id}", response_model=ActionView, responses=ERRORS)
+@router.get("/{action_id}", response_model=ActionView, responses=ERROR_RESPONSES)
 async def get_action(state: State, tenant: Tenant, action_id: str) -> Response:
     return json_response(view(state, tenant, state.record(tenant, action_id)))
 
 
-@router.get("/{action_id}/wait", response_model=ActionView, responses=ERRORS)
+@router.get("/{action_id}/wait", response_model=ActionView, responses=ERROR_RESPONSES)
 async def wait_action(state: State, tenant: Tenant, action_id: str, timeout_s: WaitS = 30.0) -> Response:
     """Wait up to ``timeout_s`` for the result; ``state`` says whether it came."""
     record = state.record(tenant, action_id)
@@ -130,7 +132,7 @@ async def wait_action(state: State, tenant: Tenant, action_id: str, timeout_s: W
     return json_response(view(state, tenant, record))
 
 
-@router.post("/{action_id}/cancel", response_model=ActionView, status_code=202, responses=ERRORS)
+@router.post("/{action_id}/cancel", response_model=ActionView, status_code=202, responses=ERROR_RESPONSES)
 async def cancel_action(state: State, tenant: Tenant, action_id: str) -> Response:
     """Withdraw the action: a queued one ends ``cancelled`` in the next round, a running
     one is stopped. Idempotent; an ended action is left as it is."""
@@ -139,7 +141,7 @@ async def cancel_action(state: State, tenant: Tenant, action_id: str) -> Respons
     return json_response(view(state, tenant, record), 202)
 
 
-@router.delete("/{action_id}", status_code=204, responses=ERRORS)
+@router.delete("/{action_id}", status_code=204, responses=ERROR_RESPONSES)
 async def ack_action(state: State, tenant: Tenant, action_id: str) -> Response:
     """Acknowledge an ended action: its result is no longer needed and is dropped."""
     record = state.record(tenant, action_id)
@@ -152,7 +154,7 @@ async def ack_action(state: State, tenant: Tenant, action_id: str) -> Response:
 
 @router.get(
     "/{action_id}/events",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "state transitions, then the result"}},
+    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "state transitions, then the result"}},
 )
 async def stream_action(state: State, tenant: Tenant, action_id: str) -> StreamingResponse:
     """Server-sent events: one ``state`` event per transition (queued, running, done; the

@@ -14,8 +14,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from arl_tangram.api.auth import State, Tenant
-from arl_tangram.api.routes_actions import ERRORS
-from arl_tangram.api.schemas import EnvCreate, EnvList, EnvView, SessionCreate, SessionView
+from arl_tangram.api.schemas import (
+    ERROR_RESPONSES,
+    EnvCreate,
+    EnvList,
+    EnvView,
+    SessionCreate,
+    SessionView,
+)
 from arl_tangram.api.state import ApiState, NotFound, Overloaded, new_id
 from arl_tangram.core.action import EnvSpec
 from arl_tangram.core.errors import SpecError
@@ -41,7 +47,7 @@ def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
     }
 
 
-@router.post("", response_model=EnvView, status_code=201, responses=ERRORS)
+@router.post("", response_model=EnvView, status_code=201, responses=ERROR_RESPONSES)
 async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str, Any]:
     """Create a sandbox: its memory is held for its life, it uses no CPU while idle."""
     mem_bytes = parse_size_bytes(body.memory, "memory")
@@ -64,17 +70,17 @@ async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str,
     return env_view(state, tenant, internal)
 
 
-@router.get("", response_model=EnvList, responses=ERRORS)
+@router.get("", response_model=EnvList, responses=ERROR_RESPONSES)
 async def list_envs(state: State, tenant: Tenant) -> dict[str, Any]:
     return {"envs": [env_view(state, tenant, e) for e in state.envs_of(tenant)]}
 
 
-@router.get("/{env_id}", response_model=EnvView, responses=ERRORS)
+@router.get("/{env_id}", response_model=EnvView, responses=ERROR_RESPONSES)
 async def get_env(state: State, tenant: Tenant, env_id: str) -> dict[str, Any]:
     return env_view(state, tenant, state.env_internal(tenant, env_id))
 
 
-@router.delete("/{env_id}", status_code=204, responses=ERRORS)
+@router.delete("/{env_id}", status_code=204, responses=ERROR_RESPONSES)
 async def delete_env(state: State, tenant: Tenant, env_id: str) -> Response:
     """Release the env: its queued actions end ``cancelled``, its sandbox is destroyed."""
     internal = state.env_internal(tenant, env_id)
@@ -83,7 +89,7 @@ async def delete_env(state: State, tenant: Tenant, env_id: str) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/{env_id}/renew", status_code=204, responses=ERRORS)
+@router.post("/{env_id}/renew", status_code=204, responses=ERROR_RESPONSES)
 async def renew_env(state: State, tenant: Tenant, env_id: str) -> Response:
     """Renew the env's lease (any call on the env does too)."""
     state.env_internal(tenant, env_id)
@@ -98,7 +104,7 @@ def _cpu(state: ApiState, internal: str) -> Any:
 
 
 @router.put(
-    "/{env_id}/files", status_code=204, responses=ERRORS,
+    "/{env_id}/files", status_code=204, responses=ERROR_RESPONSES,
     openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
 )  # fmt: skip
 async def write_file(state: State, tenant: Tenant, env_id: str, path: PathQuery, request: Request) -> Response:
@@ -113,7 +119,7 @@ async def write_file(state: State, tenant: Tenant, env_id: str, path: PathQuery,
 
 
 @router.get(
-    "/{env_id}/files", responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}, "description": "the file's bytes"}}
+    "/{env_id}/files", responses={**ERROR_RESPONSES, 200: {"content": {"application/octet-stream": {}}, "description": "the file's bytes"}}
 )
 async def read_file(state: State, tenant: Tenant, env_id: str, path: PathQuery) -> Response:
     internal = state.env_internal(tenant, env_id)
@@ -121,7 +127,7 @@ async def read_file(state: State, tenant: Tenant, env_id: str, path: PathQuery) 
     return Response(data, media_type="application/octet-stream")
 
 
-@router.post("/{env_id}/sessions", response_model=SessionView, status_code=201, responses=ERRORS)
+@router.post("/{env_id}/sessions", response_model=SessionView, status_code=201, responses=ERROR_RESPONSES)
 async def open_session(state: State, tenant: Tenant, env_id: str, body: SessionCreate) -> dict[str, Any]:
     """A persistent bash in the env; run commands in it with ``exec`` actions naming it."""
     internal = state.env_internal(tenant, env_id)
@@ -134,7 +140,7 @@ async def open_session(state: State, tenant: Tenant, env_id: str, body: SessionC
     return {"session_id": session_id}
 
 
-@router.delete("/{env_id}/sessions/{session_id}", status_code=204, responses=ERRORS)
+@router.delete("/{env_id}/sessions/{session_id}", status_code=204, responses=ERROR_RESPONSES)
 async def close_session(state: State, tenant: Tenant, env_id: str, session_id: str) -> Response:
     internal = state.env_internal(tenant, env_id)
     sessions = state.sessions.get(internal, set())

@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from arl_tangram.api.auth import State, Tenant
-from arl_tangram.api.routes_actions import ERRORS
 from arl_tangram.api.schemas import (
+    ERROR_RESPONSES,
     ProviderList,
     ProviderView,
     ServiceCreate,
@@ -65,7 +65,7 @@ def _check_source(body: ServiceCreate) -> None:
         raise SpecError("devices_min", "must be <= devices_max", body.devices_min)
 
 
-@router.post("/services", response_model=ServiceView, status_code=201, responses=ERRORS)
+@router.post("/services", response_model=ServiceView, status_code=201, responses=ERROR_RESPONSES)
 async def register_service(state: State, tenant: Tenant, body: ServiceCreate) -> dict[str, Any]:
     """Register a model service private to the caller's tenant; returns once it is ready."""
     await asyncio.to_thread(_check_source, body)
@@ -87,13 +87,13 @@ async def _registered(state: ApiState, internal: str) -> None:
         await asyncio.sleep(0.005)
 
 
-@router.get("/services", response_model=ServiceList, responses=ERRORS)
+@router.get("/services", response_model=ServiceList, responses=ERROR_RESPONSES)
 async def list_services(state: State, tenant: Tenant) -> dict[str, Any]:
     gpu = _gpu_services(state)
     return {"services": [_service_view(state, e, i, shared, gpu) for e, i, shared in state.services_of(tenant)]}
 
 
-@router.get("/services/{name:path}", response_model=ServiceView, responses=ERRORS)
+@router.get("/services/{name:path}", response_model=ServiceView, responses=ERROR_RESPONSES)
 async def get_service(state: State, tenant: Tenant, name: str) -> dict[str, Any]:
     internal = state.service_internal(tenant, name)
     if internal is None:
@@ -111,12 +111,12 @@ def _provider_view(name: str, s: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **{k: int(s.get(k, 0)) for k in keys}}
 
 
-@router.get("/providers", response_model=ProviderList, responses=ERRORS)
+@router.get("/providers", response_model=ProviderList, responses=ERROR_RESPONSES)
 async def list_providers(state: State, tenant: Tenant) -> dict[str, Any]:
     return {"providers": [_provider_view(n, s) for n, s in sorted(_providers(state).items())]}
 
 
-@router.get("/providers/{name:path}", response_model=ProviderView, responses=ERRORS)
+@router.get("/providers/{name:path}", response_model=ProviderView, responses=ERROR_RESPONSES)
 async def get_provider(state: State, tenant: Tenant, name: str) -> dict[str, Any]:
     providers = _providers(state)
     if name not in providers:

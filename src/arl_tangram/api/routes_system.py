@@ -9,8 +9,7 @@ from fastapi import APIRouter, Request, Response
 from arl_tangram import __version__
 from arl_tangram.api.auth import State, Tenant, api_state
 from arl_tangram.api.metrics import CONTENT_TYPE, take_snapshot
-from arl_tangram.api.routes_actions import ERRORS
-from arl_tangram.api.schemas import Health, StatusView
+from arl_tangram.api.schemas import ERROR_RESPONSES, Health, StatusView
 
 router = APIRouter(tags=["service"])
 
@@ -21,7 +20,7 @@ async def health(request: Request) -> dict[str, Any]:
     return {"status": "closing" if api_state(request).closing else "ok", "version": __version__}
 
 
-@router.get("/v1/status", response_model=StatusView, responses=ERRORS)
+@router.get("/v1/status", response_model=StatusView, responses=ERROR_RESPONSES)
 async def status(state: State, tenant: Tenant) -> dict[str, Any]:
     """Pools, queue per lane, sandboxes by state, the services and providers the caller may use."""
     snap = take_snapshot(state.runtime)
@@ -38,7 +37,7 @@ async def status(state: State, tenant: Tenant) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics", responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}, **ERRORS})
+@router.get("/metrics", responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}, **ERROR_RESPONSES})
 async def metrics(state: State, tenant: Tenant) -> Response:
     """Prometheus metrics of this server (a token is needed once tokens are configured)."""
     state.metrics.snapshot.data = take_snapshot(state.runtime)

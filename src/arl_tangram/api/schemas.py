@@ -238,3 +238,9 @@ class StatusView(BaseModel):
     num_envs: int
     num_pending_actions: int
     max_queued_actions: int
+
+
+#: the error answers every route documents (all with ``ErrorBody``)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 404, 409, 410, 422, 429, 503)
+}

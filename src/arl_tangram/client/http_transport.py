@@ -91,10 +91,11 @@ class HttpTransport(Transport):
 
     # -- plumbing -------------------------------------------------------------------------
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request; 429/503 are retried after their ``Retry-After`` (a few times)."""
+        """One request; a 503 (overload) is retried after its ``Retry-After`` (a few times).
+        A 429 (a tenant limit) raises ``SpecError`` at once, as in process."""
         for attempt in range(MAX_OVERLOAD_RETRIES + 1):
             response = await self.http.request(method, path, **kwargs)
-            if response.status_code in (429, 503) and attempt < MAX_OVERLOAD_RETRIES:
+            if response.status_code == 503 and "retry-after" in response.headers and attempt < MAX_OVERLOAD_RETRIES:
                 await asyncio.sleep(float(response.headers.get("retry-after", "1")))
                 continue
             return _answer(response)
@@ -217,7 +218,7 @@ def _answer(response: httpx.Response) -> Any:
         body = response.json()
     except ValueError:
         body = response.text
-    if 400 <= response.status_code < 500 and response.status_code not in (401, 429) and isinstance(body, dict):
+    if 400 <= response.status_code < 500 and response.status_code != 401 and isinstance(body, dict):
         raise SpecError(body.get("field") or "request", body.get("rule") or body.get("error", ""), body.get("value"))
     raise HttpError(response.status_code, body)
 
