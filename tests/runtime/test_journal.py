@@ -77,9 +77,19 @@ def test_rows_commit_in_order_and_request_ids_are_found_before_and_after(tmp_pat
         assert row is not None and row.started_wall_s == 11.0 and row.result is not None and row.result["outcome"] == "succeeded"
         with pytest.raises(SpecError, match="payload"):
             journal.accepted("x-2", "t", None, spec_to_dict(spec), {"type": "service", "request": object()}, 13.0)
-        journal.prune(12.5)
+        journal.accepted("x-3", "t", None, spec_to_dict(spec), payload_to_dict(NOOP), 10.0)
+        journal.ended("x-3", result_to_dict(ActionResult("x-3", "noop", "succeeded")), 12.0)
+        journal.accepted("x-4", "t", None, spec_to_dict(spec), payload_to_dict(NOOP), 10.0)
+        journal.ended("x-4", result_to_dict(ActionResult("x-4", "noop", "succeeded")), 12.0)
+        journal.acked("x-4")  # no request id: nothing will ask for it again
         journal.flush().result(5.0)
-        assert journal.load() == []  # ended before the cut: pruned
+        assert [row.action_id for row in journal.load()] == ["x-1", "x-3"]
+        journal.prune(11.0, 12.5)  # x-3 has no request id: kept only for its retention
+        journal.flush().result(5.0)
+        assert [row.action_id for row in journal.load()] == ["x-1"]
+        journal.prune(12.5, 12.5)  # past the request-id window too
+        journal.flush().result(5.0)
+        assert journal.load() == []
     finally:
         journal.close()
 

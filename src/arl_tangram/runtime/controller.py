@@ -114,7 +114,7 @@ class Controller:
         if self.settings.journal_path is not None:
             try:
                 self.journal = await asyncio.to_thread(Journal, self.settings.journal_path)
-                rows = await asyncio.to_thread(self.journal.load, time.time() - self.settings.request_id_ttl_s)
+                rows = await asyncio.to_thread(self.journal.load, self.housekeeper.prune_cuts())
             except (OSError, sqlite3.Error) as exc:
                 if self.journal is not None:
                     await asyncio.to_thread(self.journal.close)

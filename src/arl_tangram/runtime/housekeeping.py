@@ -74,8 +74,13 @@ class Housekeeper:
         self._update_rate(now_s)
         if c.journal is not None and (self._pruned_s is None or now_s - self._pruned_s >= PRUNE_EVERY_S):
             self._pruned_s = now_s
-            c.journal.prune(time.time() - c.settings.request_id_ttl_s)
+            c.journal.prune(*self.prune_cuts())
         return expired
+
+    def prune_cuts(self) -> tuple[float, float]:
+        """Wall-clock cuts of the journal: request ids past their window, results past retention."""
+        now_wall_s, settings = time.time(), self.controller.settings
+        return now_wall_s - settings.request_id_ttl_s, now_wall_s - settings.result_retention_s
 
     def _busy(self, env_id: str) -> bool:
         c = self.controller

@@ -54,6 +54,9 @@ CREATE INDEX IF NOT EXISTS actions_by_end ON actions (ended_wall_s);
 """
 
 
+_PRUNE = "DELETE FROM actions WHERE ended_wall_s < ? OR (request_id IS NULL AND ended_wall_s < ?)"
+
+
 @dataclass(frozen=True)
 class JournalRow:
     """One action as the journal holds it (wall-clock seconds since the epoch)."""
@@ -136,13 +139,17 @@ class Journal:
         self._put(_Op(action_id, sql, (result_json, wall_s, action_id)), {"result": result_json, "ended_wall_s": wall_s})
 
     def acked(self, action_id: str) -> None:
-        """The caller has the result: it is not reloaded after a restart (its request id
-        stays idempotent until pruned)."""
+        """The caller has the result: it is not reloaded after a restart. A row without a
+        request id is deleted (nothing will ask for it again); one with a request id stays,
+        idempotent, until pruned."""
+        self._put(_Op(action_id, "DELETE FROM actions WHERE action_id = ? AND request_id IS NULL", (action_id,)), {"acked": 1})
         self._put(_Op(action_id, "UPDATE actions SET acked = 1 WHERE action_id = ?", (action_id,)), {"acked": 1})
 
-    def prune(self, ended_before_wall_s: float) -> None:
-        """Delete rows that ended before ``ended_before_wall_s`` (their request ids stop being idempotent)."""
-        self._put(_Op("", "DELETE FROM actions WHERE ended_wall_s < ?", (ended_before_wall_s,)), None)
+    def prune(self, requests_before_wall_s: float, results_before_wall_s: float) -> None:
+        """Delete rows that ended before ``requests_before_wall_s`` (their request ids stop
+        being idempotent), and rows without a request id that ended before
+        ``results_before_wall_s`` (their results are past retention)."""
+        self._put(_Op("", _PRUNE, (requests_before_wall_s, results_before_wall_s)), None)
 
     def flush(self) -> concurrent.futures.Future[None]:
         """A future that resolves once everything queued so far is committed."""
@@ -209,11 +216,11 @@ class Journal:
             self._pending_requests.pop((columns["tenant"], columns["request_id"]), None)
 
     # -- reads --------------------------------------------------------------------------------
-    def load(self, ended_before_wall_s: float | None = None) -> list[JournalRow]:
-        """Every row, in submission order, after deleting those that ended before
-        ``ended_before_wall_s``. Blocking: call at start, from a worker thread."""
-        if ended_before_wall_s is not None:
-            self._read.execute("DELETE FROM actions WHERE ended_wall_s < ?", (ended_before_wall_s,))
+    def load(self, prune: tuple[float, float] | None = None) -> list[JournalRow]:
+        """Every row, in submission order, after pruning with ``prune`` (the two cuts of
+        ``prune()``). Blocking: call at start, from a worker thread."""
+        if prune is not None:
+            self._read.execute(_PRUNE, prune)
         cursor = self._read.execute(f"SELECT {', '.join(_COLUMNS)} FROM actions ORDER BY submitted_wall_s, rowid")
         return [_row(dict(zip(_COLUMNS, values, strict=True))) for values in cursor]
 
