@@ -5,8 +5,9 @@ on real sandboxes, run by ARL-Tangram and by the Kubernetes pod-per-trajectory b
 each system in turn, one after another on the same cores: ``tangram`` (policy ``elastic``:
 Allocate-on-Execution, each action granted 1..all cores), ``k8s-guaranteed`` (policy
 ``k8s-static``: a pod of request = limit = pool cores / batch held as a real cgroup quota
-for the trajectory's life, DoP fixed to the pod's cores) and ``k8s-burstable`` (the same
-request as cpu.shares weight, no limit, all cpus). A trajectory has the shape of the
+for the trajectory's life) and ``k8s-burstable`` (the same request as cpu.shares weight,
+no limit, all cpus); in both, a test run's DoP is the pod's request in whole cores, at least
+1 (PAPER: a test runner uses as many workers as the pod has cores). A trajectory has the shape of the
 simulator's coding workload: a think (a sleep: no LLM runs) before every action; per turn
 it writes its solution and lints it, then runs the problem's tests elastically (the sandbox
 runner splits repeated checks over ``$TANGRAM_DOP`` processes); a failed first attempt is
@@ -105,6 +106,7 @@ def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
 
 async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str, ...] = SYSTEMS) -> WorkloadResult:
     cores = pool_cores()
+    load_before = os.getloadavg()[0]  # the host is shared: its load is part of the figures
     progress.start(WORKLOAD, config.num_trajectories * len(systems))
     reward_config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
     async with arl_tangram.connect(config=reward_config, tenant="reward") as reward:
@@ -121,7 +123,9 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
             progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
             outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, progress)
             runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
-    return workload_result(runs, config, problems, cores, turn_core_s)
+    result = workload_result(runs, config, problems, cores, turn_core_s)
+    result.summary["host_load_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return result
 
 
 async def _calibrate(client: AsyncClient, config: CodingConfig) -> tuple[list[Problem], float]:
