@@ -1,8 +1,8 @@
 """verl adapters against a real server: the ``BaseTool`` loaded by verl's own tool registry
-from a YAML that keeps the old SandboxFusionTool keys, driven through verl's per-call
-lifecycle (``create`` -> ``execute(agent_data=...)`` -> ``release`` in a ``finally``, as
-``ToolAgentLoop._call_tool`` does; importing the agent loop itself pulls in Ray and takes
-~20 s); the ``@function_tool``; the async ``compute_score``."""
+from a YAML that keeps the old SandboxFusionTool keys and called by verl's own
+``ToolAgentLoop._call_tool`` (``create`` -> ``execute(agent_data=...)`` -> ``release`` in a
+``finally``, per call) with verl's ``AgentData``; the ``@function_tool``; the async
+``compute_score``."""
 
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ pytestmark = pytest.mark.anyio
 
 
 async def call_tool(tool: Any, arguments: dict[str, Any], request_id: str) -> str:
-    """verl's ``_call_tool`` lifecycle for a ``BaseTool``, one tool call."""
-    instance_id = None
-    try:
-        instance_id, _ = await tool.create(create_kwargs={})
-        response, _reward, _metrics = await tool.execute(instance_id, arguments, agent_data=SimpleNamespace(request_id=request_id))
-    finally:
-        if instance_id:
-            await tool.release(instance_id)
+    """One tool call as verl's agent loop makes it: its ``_call_tool`` on a stand-in for the
+    loop (only the attributes that method reads) and a real ``AgentData``."""
+    pytest.importorskip("cachetools", reason="verl's agent loop needs cachetools")
+    from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
+    from verl.experimental.agent_loop.tool_parser import FunctionCall
+
+    loop = SimpleNamespace(tools={tool.name: tool}, max_tool_response_length=10_000, tool_response_truncate_side="middle")
+    agent_data = AgentData([], None, None, None, None, {}, request_id, {})  # type: ignore[arg-type]
+    call = FunctionCall(name=tool.name, arguments=json.dumps(arguments))
+    response, _reward, _metrics = await ToolAgentLoop._call_tool(loop, call, {}, agent_data)  # type: ignore[arg-type]
     return str(response.text)
 
 
