@@ -10,7 +10,7 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ActionStore
 from arl_tangram.runtime.leases import EnvLeases
 from arl_tangram.runtime.loop import ManualClock
-from tests.runtime.builders import NOOP, noop_spec
+from tests.runtime.builders import NOOP, exec_payload, exec_spec, noop_spec
 
 pytestmark = pytest.mark.anyio
 
@@ -52,3 +52,13 @@ async def test_the_store_keeps_results_until_ack_or_retention() -> None:
     assert store.by_request("t", "r") is a and store.by_request("u", "r") is None
     assert store.expire(ended_before_s=1.5) == ["a"] and store.get("a") is None and store.by_request("t", "r") is None
     assert store.forget("b") and store.expire(ended_before_s=10.0) == [] and len(store) == 0
+
+
+async def test_the_store_counts_each_envs_unfinished_actions() -> None:
+    store = ActionStore(ManualClock(0.0).now)
+    store.add(exec_spec("e-1", action_id="x"), exec_payload("true"), 0.0)
+    store.add(exec_spec("e-1", action_id="y"), exec_payload("true"), 0.0)
+    assert (store.unfinished_on("e-1"), store.unfinished_on("e-2")) == (2, 0)
+    store.complete("x", ActionResult("x", "exec", "succeeded"))
+    store.complete("y", ActionResult("y", "exec", "cancelled"))
+    assert store.unfinished_on("e-1") == 0

@@ -126,6 +126,7 @@ class ActionStore:
         self._by_request: dict[tuple[str, str], str] = {}
         self._ended: deque[tuple[float, str]] = deque()  # completion order = expiry order
         self._unfinished_by_tenant: Counter[str] = Counter()
+        self._unfinished_by_env: Counter[str] = Counter()  # env id -> its queued and running actions
         self.num_unfinished = 0
         self.now = now or (lambda: asyncio.get_running_loop().time())
         self.on_complete: Callable[[ActionRecord], None] | None = None
@@ -142,6 +143,8 @@ class ActionStore:
         if request_id is not None:
             self._by_request[(spec.tenant, request_id)] = spec.action_id
         self._unfinished_by_tenant[spec.tenant] += 1
+        if spec.binding.kind == "env":
+            self._unfinished_by_env[spec.binding.name] += 1
         self.num_unfinished += 1
         return record
 
@@ -172,9 +175,9 @@ class ActionStore:
         if len(self._ended) > 2 * len(self._records) + 1024:
             # acknowledged records leave their entries behind; drop them in bulk (amortised)
             self._ended = deque(e for e in self._ended if self._is_entry(*e))
-        self._unfinished_by_tenant[record.spec.tenant] -= 1
-        if self._unfinished_by_tenant[record.spec.tenant] <= 0:
-            del self._unfinished_by_tenant[record.spec.tenant]
+        _decrement(self._unfinished_by_tenant, record.spec.tenant)
+        if record.spec.binding.kind == "env":
+            _decrement(self._unfinished_by_env, record.spec.binding.name)
         self.num_unfinished -= 1
         if not record.done.done():
             record.done.set_result(result)
@@ -214,5 +217,15 @@ class ActionStore:
         """Accepted and not yet ended actions of ``tenant``."""
         return self._unfinished_by_tenant.get(tenant, 0)
 
+    def unfinished_on(self, env_id: str) -> int:
+        """Accepted and not yet ended actions bound to ``env_id`` (queued or running)."""
+        return self._unfinished_by_env.get(env_id, 0)
+
     def __len__(self) -> int:
         return len(self._records)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]

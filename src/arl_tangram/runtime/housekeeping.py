@@ -5,10 +5,9 @@ journal of rows older than the request-id window.
 Who calls: ``Controller.start`` starts it, ``Controller.aclose`` cancels and awaits it
 (structured: it never outlives its controller). ``sweep()`` is one pass, synchronous, on the
 event-loop thread: tests drive it directly with a manual clock. Releasing an expired env
-goes through the same path as a client's release (``EnvReleased``), after its queued
-actions were ended ``cancelled`` with the lease as their cause (first result wins, so the
-core's later "released by its client" changes nothing). An env with a running action, or
-one still being created, is never expired.
+goes through the same path as a client's release (``EnvReleased``). An env with an
+unfinished action (running or queued), or one still being created, is never expired, so a
+release never ends work a client is waiting on.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from arl_tangram.runtime.actions import ActionResult
 from arl_tangram.runtime.leases import ExpiredEnv, Lease
 
 if TYPE_CHECKING:
@@ -85,25 +83,16 @@ class Housekeeper:
     def _busy(self, env_id: str) -> bool:
         c = self.controller
         creating = c.executor is not None and env_id in c.executor.env_waiters
-        return creating or bool(c.loop.state.envs.get(env_id) and c.loop.state.env_busy.get(env_id))
+        return creating or c.store.unfinished_on(env_id) > 0
 
     def _expire(self, lease: Lease, now_s: float) -> ExpiredEnv:
         c = self.controller
-        idle_s = now_s - lease.last_used_s
-        record = ExpiredEnv(lease.env_id, lease.tenant, idle_s, now_s, time.time(), ())
-        cancelled = []
-        for action_id in c.store.unfinished():
-            queued = c.store.get(action_id)
-            if queued is not None and queued.spec.binding.kind == "env" and queued.spec.binding.name == lease.env_id:
-                ended = ActionResult(action_id, queued.spec.kind, "cancelled", cause=record.cause)
-                if c.store.complete(action_id, ended):
-                    cancelled.append(action_id)
-        record = ExpiredEnv(lease.env_id, lease.tenant, idle_s, now_s, record.expired_wall_s, tuple(cancelled))
+        record = ExpiredEnv(lease.env_id, lease.tenant, now_s - lease.last_used_s, now_s, time.time())
         c.release_env(lease.env_id)
         c.leases.note_expired(record)
         log.info(
-            "env %s of tenant %s released: its lease expired after %.1f s unused (env_idle_ttl_s=%.1f); %d queued action(s) cancelled",
-            lease.env_id, lease.tenant, idle_s, c.settings.env_idle_ttl_s, len(cancelled),
+            "env %s of tenant %s released: its lease expired after %.1f s unused (env_idle_ttl_s=%.1f)",
+            lease.env_id, lease.tenant, record.idle_s, c.settings.env_idle_ttl_s,
         )  # fmt: skip
         for listener in list(c.on_env_expired):
             try:

@@ -2,11 +2,12 @@
 
 RL frameworks such as verl have no end-of-trajectory hook, so a forgotten env must not
 hold its memory forever. Each env the controller created holds a lease: every action, file
-or session call on it renews it, as does ``Controller.renew_env``; an env with a running
-action is in use (its lease is renewed each sweep, and its end renews it again), so it never
-expires under a running action. An env idle for ``idle_ttl_s`` is due: the controller's
-housekeeping releases it (its queued actions end ``cancelled`` with a cause naming the
-lease) and keeps an ``ExpiredEnv`` record of it.
+or session call on it renews it, as does ``Controller.renew_env``. An env with an unfinished
+action (running, or queued: its client is waiting on it) is in use: its lease is renewed
+each sweep and again when the action ends, so it never expires under an action, and its
+idle time counts from the end of its last one. An env idle for ``idle_ttl_s`` is due: the
+controller's housekeeping releases it (sandbox destroyed, like a client's release) and keeps
+an ``ExpiredEnv`` record of it; an action submitted to it later is ``rejected`` (no such env).
 
 The table also answers the per-tenant questions admission asks (how many envs, how much
 memory). Times are the controller's clock. Event-loop thread only (not thread-safe).
@@ -38,7 +39,6 @@ class ExpiredEnv:
     idle_s: float  # how long it had been unused
     expired_s: float  # controller clock
     expired_wall_s: float  # seconds since the epoch, for people and the HTTP API
-    cancelled_action_ids: tuple[str, ...]  # queued actions it ended
 
     @property
     def cause(self) -> str:
@@ -83,7 +83,7 @@ class EnvLeases:
 
     def due(self, now_s: float, busy: Callable[[str], bool]) -> list[Lease]:
         """Leases idle for ``idle_ttl_s`` or longer, in env id order; a ``busy`` env (an
-        action runs on it, or it is still being created) is renewed instead: its idle time
+        unfinished action on it, or still being created) is renewed instead: its idle time
         then counts from the end of its last action, which renews it too."""
         expired = []
         for env_id, lease in self._leases.items():
