@@ -163,7 +163,9 @@ async def _drive(system: str, plans: list[Plan], search: Search, judge: Judge, t
     return run, recs, rewards
 
 
-async def _run_tangram(p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, tick: Callable[[], None]) -> tuple[SystemRun, list[Rec], list[float]]:
+async def _run_tangram(
+    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, tick: Callable[[], None], start: asyncio.Barrier
+) -> tuple[SystemRun, list[Rec], list[float]]:  # fmt: skip
     import arl_tangram
     from arl_tangram.managers.api.config import ProviderConfig
     from arl_tangram.managers.gpu.models import minilm_path
@@ -173,6 +175,7 @@ async def _run_tangram(p: DeepSearchLiveParams, plans: list[Plan], svc: SearchSe
         "search", svc.base_url, (svc.settings.key,), rate_per_s=p.rate_per_s, max_concurrency=p.tangram_concurrency, burst=p.tangram_burst,
     )  # fmt: skip
     config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=JUDGE_DEVICE_BYTES), providers=(provider,))
+    await start.wait()  # the baseline's judge loaded first: transformers' first import is not thread-safe
     async with arl_tangram.connect(config=config) as tg:
         await tg.register_service(JUDGE, handler="score", folder=str(minilm_path()))
 
@@ -187,6 +190,7 @@ async def _run_tangram(p: DeepSearchLiveParams, plans: list[Plan], svc: SearchSe
             score = float(r.output["score"]) if r.ok else float("nan")
             return Rec("judge", r.act_s, r.queue_s, r.exec_s, r.overhead_s, r.ok), score
 
+        await start.wait()  # both systems set up: the two streams start together
         return await _drive("tangram", plans, search, judge, tick)
 
 
@@ -201,7 +205,9 @@ def _backoff_s(p: DeepSearchLiveParams, response: httpx.Response, attempt: int, 
     return min(p.backoff_base_s * 2**attempt, p.backoff_cap_s) * (1 - 0.25 * rng.random())
 
 
-async def _run_semaphore(p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, seed: int, tick: Callable[[], None]) -> tuple[SystemRun, list[Rec], list[float]]:
+async def _run_semaphore(
+    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, seed: int, tick: Callable[[], None], start: asyncio.Barrier
+) -> tuple[SystemRun, list[Rec], list[float]]:  # fmt: skip
     from arl_tangram.managers.gpu.devices import cpu_devices
     from arl_tangram.managers.gpu.manager import GpuManager
     from arl_tangram.managers.gpu.models import minilm_path
@@ -213,6 +219,7 @@ async def _run_semaphore(p: DeepSearchLiveParams, plans: list[Plan], svc: Search
     try:
         await asyncio.to_thread(gpu.register_folder, JUDGE, minilm_path(), "score")
         await asyncio.to_thread(gpu.load, JUDGE, JUDGE, [0])  # the static deployment is up before the step
+        await start.wait()  # lets tangram set up
         async with httpx.AsyncClient(base_url=svc.base_url, timeout=60.0) as client:
 
             async def search(query: str) -> tuple[Rec, dict[str, Any]]:
@@ -239,6 +246,7 @@ async def _run_semaphore(p: DeepSearchLiveParams, plans: list[Plan], svc: Search
                 act_s = time.monotonic() - started
                 return Rec("judge", act_s, 0.0, act_s, 0.0, True), float(out["score"])
 
+            await start.wait()
             return await _drive("semaphore", plans, search, judge, tick)
     finally:
         await asyncio.to_thread(gpu.close)
@@ -286,6 +294,18 @@ def _fit(p: DeepSearchLiveParams, recs: list[Rec]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _both(
+    p: DeepSearchLiveParams, plans: list[Plan], services: dict[str, SearchService], seed: int, tick: Callable[[], None]
+) -> dict[str, tuple[SystemRun, list[Rec], list[float]]]:  # fmt: skip
+    """Both systems on one event loop, side by side: the provider's limit, not the 2 cores,
+    bounds this workload, so running them together exposes both to the same host load."""
+    start = asyncio.Barrier(2)  # passed twice by each: after the baseline's set-up, after tangram's
+    async with asyncio.TaskGroup() as group:
+        base = group.create_task(_run_semaphore(p, plans, services["semaphore"], seed, tick, start))
+        tangram = group.create_task(_run_tangram(p, plans, services["tangram"], tick, start))
+    return {"semaphore": base.result(), "tangram": tangram.result()}
+
+
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run both systems on the same seeded stream; every search and judge call is awaited
     to its one outcome. Leaves no process or file behind."""
@@ -298,16 +318,10 @@ def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
         db = tmp / "corpus.db"
         build_corpus(db)
         settings = ServiceSettings(p.rate_per_s, p.burst, p.latency_s)
-        runs: dict[str, tuple[SystemRun, list[Rec], list[float]]] = {}
-        stats: dict[str, dict[str, int]] = {}
-        for system in ("semaphore", "tangram"):
-            progress.note(NAME, f"{system}: {len(plans)} trajectories, provider limit {p.rate_per_s:g}/s")
-            with SearchService(db, settings) as svc:
-                if system == "tangram":
-                    runs[system] = asyncio.run(_run_tangram(p, plans, svc, lambda: progress.advance(NAME)))
-                else:
-                    runs[system] = asyncio.run(_run_semaphore(p, plans, svc, opts.seed, lambda: progress.advance(NAME)))
-                stats[system] = svc.stats()
+        progress.note(NAME, f"both systems at once, each on its own provider (limit {p.rate_per_s:g}/s): {len(plans)} trajectories")
+        with SearchService(db, settings) as base_svc, SearchService(db, settings) as tangram_svc:
+            runs = asyncio.run(_both(p, plans, {"semaphore": base_svc, "tangram": tangram_svc}, opts.seed, lambda: progress.advance(NAME)))
+            stats = {"semaphore": base_svc.stats(), "tangram": tangram_svc.stats()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for system, (sys_run, _, _) in runs.items():
