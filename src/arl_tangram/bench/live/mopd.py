@@ -35,7 +35,8 @@ from arl_tangram.bench.live.common import LiveOptions, Progress, SystemRun, Work
 from arl_tangram.bench.live.simcheck import fit_lognormal, mean_of, platform_latency_s
 
 NAME = "mopd"
-CACHE_DIR = Path(".cache") / "arl-tangram" / "live-mopd"  # git-ignored; models are reused across runs
+# generated once, reused across runs (as bench gpu's models): deterministic by size and seed
+CACHE_DIR = Path.home() / ".cache" / "arl-tangram" / "models"
 # assumption: teacher sizes, MB of float32 weights (Llama-shaped, vocabulary 4096): a spread
 # of sizes as MOPD's domain teachers have, small enough for 2 shared cores
 TEACHER_BYTES = (7_800_000, 7_800_000, 9_800_000, 9_800_000, 12_000_000, 12_000_000, 14_800_000, 14_800_000, 14_800_000)
@@ -97,7 +98,8 @@ def make_plans(p: MopdLiveParams, seed: int) -> list[Plan]:
 
 
 def teacher_folders(p: MopdLiveParams) -> list[Path]:
-    """Generate (or reuse from the git-ignored cache) the teachers; deterministic by seed."""
+    """Generate (or reuse from the user cache, outside the repository) the teachers;
+    deterministic by size and seed."""
     from arl_tangram.managers.gpu.models import generate_causal_lm
 
     return [generate_causal_lm(CACHE_DIR, TEACHER_BYTES[k], seed=MODEL_SEED + k) for k in range(p.teachers)]
