@@ -28,14 +28,14 @@ class CodingConfig:
     num_trajectories: int = 32  # issue 12: N concurrent trajectories, default 32
     num_problems: int = 16  # HumanEval problems drawn (seeded); trajectories cycle over them
     broken_fraction: float = 0.5  # assumption: half the first attempts are broken and retried
-    test_work_s: float = 0.3  # assumption: CPU seconds of one test run's repeated checks at DoP 1 (PAPER: ~1 s exec at the paper's DoP, scaled to fit this 2-core host's time budget)
+    test_work_s: float = 0.25  # assumption: CPU seconds of one test run's repeated checks at DoP 1 (PAPER: ~1 s exec at the paper's DoP, scaled to fit this 2-core host's time budget)
     max_check_cpu_s: float = 0.005  # problems whose one check costs more are skipped (a rep is the split's grain)
     busy_fraction: float = 0.47  # PAPER: the env is in use ~47% of a trajectory's life under the k8s baseline; fixes the think time
     think_sigma: float = 0.5  # assumption: lognormal spread of each think time (LLM generation before an action)
     lint_work_s: float = 0.03  # measured here: ``python3 -m py_compile`` of a solution, one core
     test_startup_s: float = 0.06  # measured here: interpreter start + fork of the worker pool, the serial part of a test run
     env_mem: str = "256MiB"  # assumption: sandbox memory held for the trajectory's life (all systems)
-    test_timeout_s: float = 120.0  # generous: a Guaranteed pod at 62 millicores runs a test for ~6 s
+    test_timeout_s: float = 120.0  # generous: a Guaranteed pod at 62 millicores runs a test for ~5 s
     seed: int = 0
 
     @classmethod
