@@ -1,4 +1,5 @@
-"""Shell: ``arl-tangram serve``: the embedded runtime behind the HTTP API, in the foreground.
+"""Shell: ``arl-tangram serve``: the embedded runtime behind the HTTP API (native ``/v1`` and
+the compatibility faces), in the foreground.
 
 The runtime is owned here, not by the app's lifespan, so that however uvicorn stops (one
 SIGINT or SIGTERM: graceful; a second SIGINT: at once) the ``finally`` still closes it:
@@ -14,6 +15,7 @@ import sys
 
 from arl_tangram.api.app import create_app
 from arl_tangram.api.auth import tokens_from_config
+from arl_tangram.api.compat import mount_compat
 from arl_tangram.api.server import serve
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.config import load_config
@@ -29,6 +31,7 @@ async def _main(host: str, port: int, config_path: str | None, log_level: str) -
     runtime = await EmbeddedRuntime.start(config)
     try:
         app = create_app(runtime)
+        mount_compat(app)  # SandboxFusion, OpenAI-compatible and SWE-ReX faces beside /v1
         tokens = "a token is required" if tokens_from_config(config) else "no tokens: every call is tenant 'default'"
         await serve(app, host, port, log_level=log_level, on_listening=lambda url: _announce(url, tokens))
     finally:
