@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from arl_tangram.managers.gpu import (
     CallCancelledError,
@@ -25,46 +24,17 @@ from arl_tangram.managers.gpu import (
     ManagerClosedError,
     ReplicaEvictedError,
 )
+from tests.managers.gpu.builders import SlowLM, blob
 
 TOKENS = [5, 17, 300, 1024, 7]
-
-
-class SlowLM(torch.nn.Module):
-    """A real small scorer whose forward takes ``delay_s`` (the run is in flight meanwhile)."""
-
-    def __init__(self, delay_s: float, entered: threading.Event | None = None) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(64, 16)
-        self.head = torch.nn.Linear(16, 64)
-        self.delay_s = delay_s
-        self.entered = entered
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if self.entered is not None:
-            self.entered.set()
-        time.sleep(self.delay_s)
-        return self.head(self.embed(input_ids))
-
-
-def _blob(num_mb: int) -> Callable[[], LoadedModel]:
-    """A module of ``num_mb`` 1-MiB linear layers (never run: a weight blob to place)."""
-
-    def build() -> LoadedModel:
-        layers = [torch.nn.Linear(512, 512, bias=False) for _ in range(num_mb)]
-        return LoadedModel(torch.nn.Sequential(*layers), vocab_size=64, max_length=8)
-
-    return build
 
 
 def test_load_compacts_fragmented_space_and_never_evicts(
     make_manager: Callable[..., GpuManager],
 ) -> None:
     manager = make_manager([10 << 20])
-    manager.register_module("blob2", _blob(2), "logprobs")
-    manager.register_module("blob4", _blob(4), "logprobs")
+    manager.register_module("blob2", blob(2), "logprobs")
+    manager.register_module("blob4", blob(4), "logprobs")
     for rid in "abcde":
         manager.load(rid, "blob2", [0])  # 5 x 2 MiB: full
     manager.evict("a")
@@ -135,7 +105,7 @@ def test_evict_waits_for_in_flight_runs_and_refuses_later_ones(
 
 def test_bad_devices_are_refused_naming_the_field(make_manager: Callable[..., GpuManager]) -> None:
     manager = make_manager([8 << 20])
-    manager.register_module("blob", _blob(1), "logprobs")
+    manager.register_module("blob", blob(1), "logprobs")
     for devices in ([], [1], [0, 0], ["0"]):
         with pytest.raises(InvalidRequestError) as caught:
             manager.load("r", "blob", devices)  # type: ignore[arg-type]
@@ -185,7 +155,7 @@ def test_event_loop_keeps_its_heartbeat_while_replicas_swap(
     make_manager: Callable[..., GpuManager],
 ) -> None:
     manager = make_manager([200 << 20], batch_window_s=0.001)
-    manager.register_module("blob", _blob(96), "logprobs")
+    manager.register_module("blob", blob(96), "logprobs")
     manager.register_module(
         "small", lambda: LoadedModel(SlowLM(0.0), vocab_size=64, max_length=8), "logprobs"
     )

@@ -1,10 +1,13 @@
 """A swap-in is the copy of host bytes plus pointer rebinding: the module tree is built once per
 service and reused; replicas live at once never share a module or storage; eviction frees
-exactly the extent; close forgets the pooled trees (they alias arena bytes)."""
+exactly the extent; close forgets the pooled trees (they alias arena bytes). On CPU devices a
+copy yields to forward passes running on its device, for a bounded time."""
 
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from arl_tangram.managers.gpu import GpuManager
+from arl_tangram.managers.gpu import GpuManager, LoadedModel, cpu_devices
+from arl_tangram.managers.gpu.arena import DeviceArena
+from tests.managers.gpu.builders import SlowLM, blob
 
 TOKENS = [5, 17, 300, 1024, 7, 7, 2048, 4000, 12, 99]
 
@@ -109,3 +114,67 @@ def test_multi_device_reload_reuses_the_tree_and_routes_again(
     manager._replicas["split2"].set_route_log(log)
     assert manager.run("split2", {"tokens": TOKENS}) == expected
     assert {index for _, index, _ in log} == {0, 1}  # hooks installed again on the reused tree
+
+
+def _cpu_arena(**knobs: Any) -> DeviceArena:
+    return DeviceArena(cpu_devices([16 << 20])[0], 64 << 10, **knobs)
+
+
+def test_cpu_copy_yields_to_runs_in_flight_for_a_bounded_time() -> None:
+    source = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8)
+    arena = _cpu_arena(copy_slice_bytes=1 << 20)
+    arena.copy_in(0, source)
+    assert arena.copy_paused_s == 0.0  # nothing ran: no pause
+    arena.run_started()  # a forward pass that never ends: the copy must still finish
+    started = time.perf_counter()
+    arena.copy_in(1 << 20, source)
+    elapsed = time.perf_counter() - started
+    assert 0.005 <= arena.copy_paused_s <= elapsed
+    assert arena.copy_paused_s <= (elapsed - arena.copy_paused_s) + 0.005 + 0.05  # bounded
+    assert torch.equal(arena.bytes_view(1 << 20, source.numel()), source)
+    unyielding = _cpu_arena(copy_slice_bytes=1 << 20, yield_to_runs=False)
+    unyielding.run_started()
+    unyielding.copy_in(0, source)
+    assert unyielding.copy_paused_s == 0.0
+
+
+def test_cpu_copy_resumes_as_soon_as_the_run_ends() -> None:
+    source = torch.ones(4 << 20, dtype=torch.uint8)
+    arena = _cpu_arena(copy_slice_bytes=1 << 20)
+    arena.run_started()
+    timer = threading.Timer(0.002, arena.run_ended)
+    timer.start()
+    arena.copy_in(0, source)
+    timer.join()
+    assert arena.num_runs == 0
+    assert 0.0 < arena.copy_paused_s < 0.005 + 0.05
+
+
+def test_move_down_in_slices_keeps_overlapping_bytes_intact() -> None:
+    arena = _cpu_arena(copy_slice_bytes=3 << 10)  # slices smaller than the distance, unaligned
+    data = torch.randint(0, 256, (100 << 10,), dtype=torch.uint8)
+    arena.bytes_view(40 << 10, data.numel()).copy_(data)
+    arena.move_down(40 << 10, 8 << 10, data.numel())  # overlapping: distance 32 KiB < 100 KiB
+    assert torch.equal(arena.bytes_view(8 << 10, data.numel()), data)
+
+
+def test_runs_are_counted_on_their_devices_and_swap_copies_wait_for_them(
+    make_manager: Callable[..., GpuManager],
+) -> None:
+    manager = make_manager([64 << 20, 64 << 20], batch_window_s=0.0, copy_slice_bytes=1 << 20)
+    entered = threading.Event()
+    manager.register_module(
+        "slow", lambda: LoadedModel(SlowLM(0.3, entered), vocab_size=64, max_length=8), "logprobs"
+    )
+    manager.register_module("blob", blob(8), "logprobs")
+    manager.load("slow", "slow", [0])
+    runner = threading.Thread(target=manager.run, args=("slow", {"tokens": [1, 2]}))
+    runner.start()
+    assert entered.wait(5)
+    assert [a.num_runs for a in manager._arenas] == [1, 0]
+    manager.load("other", "blob", [1])  # another device: no reason to wait
+    manager.load("same", "blob", [0])  # the slow run's device: its copy yields
+    runner.join(5)
+    assert [a.num_runs for a in manager._arenas] == [0, 0]
+    paused = [d["copy_paused_s"] for d in manager.status()["devices"]]
+    assert paused[0] >= 0.005 and paused[1] == 0.0, paused

@@ -71,6 +71,8 @@ class GpuManagerConfig:
     wait_timeout_s: float = 60.0  # bound of every wait (runs draining, loads in progress)
     close_timeout_s: float = 30.0  # how long close() waits for forward passes in flight
     torch_num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    copy_slice_bytes: int = 32 << 20  # CPU devices: a copy yields to runs between slices
+    copy_yields_to_runs: bool | None = None  # None: on CPU devices only (``arena.py``)
 
 
 class GpuManager:
@@ -88,7 +90,12 @@ class GpuManager:
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
         granule = self.config.granule_bytes or ((2 << 20) if on_cuda else (64 << 10))
-        self._arenas = [DeviceArena(spec, granule) for spec in self.devices]
+        self._arenas = [
+            DeviceArena(
+                spec, granule, self.config.copy_slice_bytes, self.config.copy_yields_to_runs
+            )
+            for spec in self.devices
+        ]
         self._lock = threading.Condition()
         self._closed = threading.Event()
         self._num_ops = 0

@@ -102,6 +102,7 @@ class Replica:
         self._hooks: list[Any] = []
         self._arenas: list[DeviceArena] = []
         self._skeleton: Skeleton | None = None
+        self._run_arenas: list[DeviceArena] = []  # where runs are counted; kept after drop
 
     # -- state machine -------------------------------------------------------------------
     def transition(self, new: ReplicaState) -> None:
@@ -136,6 +137,8 @@ class Replica:
                 raise CallCancelledError(f"replica {self.replica_id!r}: the GPU manager closed")
             if self.state is ReplicaState.RESIDENT:
                 self.num_in_flight += 1
+                for arena in self._run_arenas:
+                    arena.run_started()  # copies on these devices yield to this run
                 return
             if self.state is ReplicaState.FAILED:
                 raise ReplicaFailedError(self.replica_id, self.error or "failed")
@@ -143,6 +146,8 @@ class Replica:
 
     def exit(self, num_items: int) -> None:
         with self.cond:
+            for arena in self._run_arenas:
+                arena.run_ended()
             self.num_in_flight -= 1
             self.num_requests += num_items
             self.cond.notify_all()
@@ -191,6 +196,7 @@ class Replica:
         service = self.service
         assert service.model is not None and service.skeletons is not None
         self._arenas = [arenas[d] for d in self.devices]
+        self._run_arenas = self._arenas
         for shard, extent, arena in zip(self.shards, self.extents, self._arenas, strict=True):
             assert extent is not None
             arena.copy_in(

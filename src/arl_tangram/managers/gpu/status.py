@@ -36,6 +36,7 @@ def manager_status(
                 "num_relocations": arena.num_relocations,
                 "relocated_bytes": arena.relocated_bytes,
                 "relocation_s": arena.relocation_s,
+                "copy_paused_s": arena.copy_paused_s,
             }
         )
     return {
