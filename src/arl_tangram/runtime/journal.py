@@ -159,7 +159,11 @@ class Journal:
 
     def _put(self, op: _Op, columns: dict[str, Any] | None) -> None:
         if self._closed:
-            raise RuntimeError("the journal is closed")
+            # a late call (an ack racing the service's close): nothing left to write to
+            log.debug("journal closed: row for action %s dropped", op.action_id)
+            if op.done is not None:
+                op.done.set_result(None)
+            return
         if columns is not None:
             with self._lock:
                 self._pending.setdefault(op.action_id, {}).update(columns)
