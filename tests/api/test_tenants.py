@@ -89,3 +89,13 @@ async def test_tokens_and_limits_from_the_configuration(sandbox_host: None) -> N
             over = await carol.post("/v1/envs", json={"memory": "128MiB"})
             assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1, over.text
             assert "max_envs" in over.json()["field"]
+
+
+async def test_a_tenant_name_that_is_no_sandbox_id_word_still_scopes_its_ids(sandbox_host: None) -> None:
+    with serving(tokens={"tok-x": "team.a/rl-job-with-a-long-name"}) as server:
+        async with _client(server, "tok-x") as x:
+            env = (await x.post("/v1/envs", json={"memory": "128MiB", "env_id": "e1"})).json()["env_id"]
+            r = (await x.post("/v1/actions", json={"type": "exec", "env_id": env, "command": "echo ok"}, params={"wait_s": 20})).json()
+            assert env == "e1" and r["result"]["stdout"] == "ok\n"
+            (internal,) = controller(server).env_specs
+            assert internal.startswith("t-") and internal.endswith(".e1") and len(internal) <= 64

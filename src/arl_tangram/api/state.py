@@ -3,8 +3,9 @@ on pending actions, session ownership.
 
 Who calls: the route handlers, on the server's event loop (the controller's loop), so
 nothing here is locked. Ids are scoped per tenant: the internal id of a tenant's env or
-action is ``f"{tenant}.{external_id}"`` (tenant names hold no dot, so the split is
-unambiguous and the internal id is still a valid sandbox id); a tenant's own services are
+action is ``f"{prefix}.{external_id}"``, the prefix being the tenant's name, or a hash of
+it when the name is not a short word of ``[A-Za-z0-9_-]`` (so the split is unambiguous
+and the internal id is still a valid sandbox id); a tenant's own services are
 ``f"~{tenant}/{name}"``, a prefix no operator-registered name can take. Looking an id up
 always goes through ``scoped``, so another tenant's id is simply not found (404).
 Idempotency, result retention and env leases are the controller's (``submit(...,
@@ -14,6 +15,8 @@ request_id=)``, ``ack``, ``renew_env``); the API only maps them.
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import re
 import time
 import uuid
@@ -68,9 +71,19 @@ def _describe(expired: Any) -> str:
 
 
 def check_tenant_name(name: str, where: str) -> str:
-    if not isinstance(name, str) or not TENANT_PATTERN.match(name):
-        raise ConfigError(where, "must be 1-16 characters of [A-Za-z0-9_-] (it prefixes sandbox ids)", name)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(where, "must be a non-empty tenant name", name)
     return name
+
+
+@functools.lru_cache(maxsize=4096)
+def tenant_prefix(tenant: str) -> str:
+    """The id prefix of a tenant: its name when that is a short sandbox-id-safe word (no
+    dot, so the split is unambiguous), else ``t-`` and a hash of it; internal ids stay
+    valid sandbox ids (``[A-Za-z0-9._-]``, at most 64 characters)."""
+    if TENANT_PATTERN.match(tenant):
+        return tenant
+    return "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:14]
 
 
 def new_id(prefix: str) -> str:
@@ -135,11 +148,11 @@ class ApiState:
     # -- ids ------------------------------------------------------------------------------
     @staticmethod
     def scoped(tenant: str, external_id: str) -> str:
-        return f"{tenant}.{external_id}"
+        return f"{tenant_prefix(tenant)}.{external_id}"
 
     @staticmethod
     def external(tenant: str, internal_id: str) -> str:
-        return internal_id[len(tenant) + 1 :]
+        return internal_id[len(tenant_prefix(tenant)) + 1 :]
 
     @staticmethod
     def private_service(tenant: str, name: str) -> str:
@@ -162,7 +175,7 @@ class ApiState:
         return internal
 
     def envs_of(self, tenant: str) -> list[str]:
-        prefix = f"{tenant}."
+        prefix = f"{tenant_prefix(tenant)}."
         return sorted(e for e in self.controller.env_specs if e.startswith(prefix))
 
     def max_env_mem_bytes(self) -> int:
