@@ -5,13 +5,24 @@ Owns: Ray's temp dir (a ``arl-tangram-<pid>-ray-*`` dir of its own, removed at c
 enough for Ray's socket paths), the processes of every node (ended at close, the head
 last), this process's connection to the cluster, and the environment it changed (restored).
 Loopback only: Ray otherwise advertises the host's outward address.
+
+A killed node's agent leaves its sandboxes to its CPU manager's keeper, which kills them and
+removes their cgroups; on this host one cgroup v1 hierarchy (memory) can stay busy longer
+than the keeper retries, and a later sweep lists groups in another hierarchy only, so
+``remove_cgroup_leftovers`` removes the empty groups a killed agent left (a real node's go
+with the machine).
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import os
 import shutil
 import tempfile
+import threading
+import time
+from collections.abc import Iterable
 from typing import Any
 
 NODE_MEMORY_BYTES = 150 << 20  # each node's object store (Ray's minimum for tests)
@@ -62,10 +73,19 @@ class LocalRayCluster:
         return self
 
     def add_node(self, resources: dict[str, float], num_cpus: int = 1) -> Any:
-        """A new node offering ``resources``; returns once Ray lists it alive."""
-        return self._cluster.add_node(
-            num_cpus=num_cpus, resources=resources, object_store_memory=NODE_MEMORY_BYTES
-        )
+        """A new node offering ``resources``; returns once Ray lists it alive. Callable
+        from any thread: off the main thread the node's processes are not tied to this
+        process's exit (Ray's exit hooks set a SIGTERM handler, which only the main thread
+        may); ``close`` ends them all the same."""
+        cluster = self._cluster
+        saved = cluster._shutdown_at_exit
+        cluster._shutdown_at_exit = saved and threading.current_thread() is threading.main_thread()
+        try:
+            return cluster.add_node(
+                num_cpus=num_cpus, resources=resources, object_store_memory=NODE_MEMORY_BYTES
+            )
+        finally:
+            cluster._shutdown_at_exit = saved
 
     def remove_node(self, node: Any) -> None:
         """Kill the node's processes at once (SIGKILL), as a machine that dies."""
@@ -92,3 +112,39 @@ class LocalRayCluster:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+def remove_cgroup_leftovers(roots: Iterable[str], timeout_s: float = 15.0) -> list[str]:
+    """Remove the cgroup dirs of the manager roots ``roots`` (``arl-tangram-<pid>-<hex>``,
+    agents on killed nodes) in every hierarchy, deepest first, retrying while the kernel
+    still holds one busy; a group with a task in it is left alone. Returns what remains."""
+    dirs: list[str] = []
+    for root in roots:
+        if not root.startswith("arl-tangram-"):
+            continue
+        for depth in range(1, 5):
+            for top in glob.glob("/sys/fs/cgroup/" + "*/" * depth + root):
+                dirs += [d for d, _, _ in os.walk(top)]
+    deadline = time.monotonic() + timeout_s
+    left = sorted(set(dirs), key=lambda d: -d.count("/"))
+    while left and time.monotonic() < deadline:
+        left = [d for d in left if not _rmdir_empty(d)]
+        if left:
+            time.sleep(0.2)
+    return left
+
+
+def _rmdir_empty(path: str) -> bool:
+    """True once ``path`` is gone; False while it is busy or holds tasks."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as f:
+            if f.read().strip():
+                return False
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
+            return False
+        raise
+    return True

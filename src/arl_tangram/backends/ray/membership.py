@@ -9,7 +9,7 @@ Runs on the controller's event loop, as one tracked task (``run``) with two loop
     makes its capacity schedulable, without a restart.
   * heartbeat: every ``heartbeat_s`` each agent is pinged (at most one ping in flight per
     agent; ping runs apart from the actor's action threads). An agent whose last answer is
-    older than ``loss_after_s``, whose ping failed, or whose Ray node Ray reports dead, is
+    older than ``loss_after_s``, whose actor died, or whose Ray node Ray reports dead, is
     lost: its calls in flight end with ``NodeLostError`` and ``NodeLost`` is posted for its
     CPU and GPU node ids, so the core ends its running actions ``error`` (``node_lost``),
     its envs lost and its replicas gone, and places nothing there again. The actor is killed
@@ -139,7 +139,8 @@ class RayMembership:
             report: NodeReport = await asyncio.wait_for(
                 actor.report.remote(), self.settings.agent_start_timeout_s
             )
-            link = NodeLink(agent_id, ray_node_id, actor, report)
+            verdict_s = self.settings.loss_after_s + 4 * self.settings.heartbeat_s
+            link = NodeLink(agent_id, ray_node_id, actor, report, verdict_s)
             agent = NodeAgent(
                 agent_id, cpu=RayCpuProxy(link) if cpu else None, gpu=RayGpuProxy(link) if gpu else None,
                 host_mem_bytes=report.host_mem_bytes,
@@ -186,14 +187,17 @@ class RayMembership:
             pending = beat.pending
             if pending is not None and pending.done():
                 beat.pending = None
-                if pending.cancelled() or pending.exception() is not None:
-                    self._declare_lost(nid, f"its agent's heartbeat failed ({_why(pending)})")
+                if _died(pending):
+                    self._declare_lost(nid, f"its agent died ({_why(pending)})")
                     continue
-                beat.last_ok = now
+                if not pending.cancelled() and pending.exception() is None:
+                    beat.last_ok = now
+                # any other failure (Ray's "actor unavailable" is transient) is a missed beat
             if now - beat.last_ok > self.settings.loss_after_s:
                 self._declare_lost(nid, f"no heartbeat for {now - beat.last_ok:.1f} s")
             elif beat.pending is None:
                 beat.pending = asyncio.wrap_future(link.actor.ping.remote().future())
+                beat.pending.add_done_callback(_retrieve)  # read even when nobody waits any more
 
     def _declare_lost(self, ray_node_id: str, why: str) -> None:
         link, agent = self.links[ray_node_id], self.agents[ray_node_id]
@@ -227,6 +231,20 @@ class RayMembership:
                 problems += [f"{link.agent_id}: {p}" for p in res]
             _kill(link.actor)
         return problems
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _died(future: asyncio.Future[Any]) -> bool:
+    """Whether a ping failed because the actor is dead for good (not just unreachable)."""
+    if future.cancelled() or future.exception() is None:
+        return False
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(future.exception(), ActorDiedError)
 
 
 def _why(future: asyncio.Future[Any]) -> str:

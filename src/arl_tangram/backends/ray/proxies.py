@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arl_tangram.backends.ray.actor import NodeReport
+from arl_tangram.managers.cpu.results import ExecResult, Outcome
 
 if TYPE_CHECKING:
     from arl_tangram.managers.cpu.config import SandboxSpec
-    from arl_tangram.managers.cpu.results import ExecResult
     from arl_tangram.managers.gpu.service import ServiceInfo
 
 WAIT_SLICE_S = 0.2  # how often a waiting call looks at its node's loss and its cancel flag
@@ -35,10 +35,20 @@ class NodeLostError(RuntimeError):
 
 
 class NodeLink:
-    """One node's agent actor and whether the monitor has declared the node lost."""
+    """One node's agent actor and whether the monitor has declared the node lost.
+    ``verdict_s`` (the monitor's loss delay and a margin) bounds how long a call that found
+    the actor unreachable waits for the verdict before giving up on the call alone."""
 
-    def __init__(self, agent_id: str, ray_node_id: str, actor: Any, report: NodeReport) -> None:
+    def __init__(
+        self,
+        agent_id: str,
+        ray_node_id: str,
+        actor: Any,
+        report: NodeReport,
+        verdict_s: float = 5.0,
+    ) -> None:
         self.agent_id = agent_id
+        self.verdict_s = verdict_s  # how long a failed call waits for the monitor's verdict
         self.ray_node_id = ray_node_id
         self.actor = actor
         self.report = report
@@ -82,14 +92,23 @@ class NodeLink:
                 cause = exc.cause
                 raise (cause if isinstance(cause, Exception) else exc) from None
             except ray.exceptions.RayActorError as exc:
-                raise NodeLostError(
-                    f"node_lost: agent {self.agent_id} died ({type(exc).__name__})"
-                ) from None
+                self._await_verdict(exc)
             if self.lost.is_set():
                 raise NodeLostError(f"node_lost: {self.lost_why}")
             if not sent_cancel and cancelled is not None and cancelled():
                 on_cancel()
                 sent_cancel = True
+
+    def _await_verdict(self, exc: Exception) -> None:
+        """The actor is unreachable or dead: wait (bounded) for the monitor's verdict, so a
+        lost node's actions end the one way the core ends them (``node_lost``), then raise."""
+        self.lost.wait(self.verdict_s)
+        why = (
+            self.lost_why
+            if self.lost.is_set()
+            else f"agent {self.agent_id} unreachable ({type(exc).__name__})"
+        )
+        raise NodeLostError(f"node_lost: {why}")
 
     def check(self) -> None:
         """Raise ``NodeLostError`` once the node is declared lost."""
@@ -124,7 +143,11 @@ class RayCpuProxy:
         self.link.call("cpu", "hold", sandbox_id, millicores, _plain(numa_millicores), limit=limit)
 
     def list_sandboxes(self) -> list[str]:
-        return list(self.link.call("cpu", "list_sandboxes"))
+        """A lost node's sandboxes are gone with it: none (so destroying one is a no-op)."""
+        try:
+            return list(self.link.call("cpu", "list_sandboxes"))
+        except NodeLostError:
+            return []
 
     def destroy_sandbox(self, sandbox_id: str) -> None:
         self.link.call("cpu", "destroy_sandbox", sandbox_id)
@@ -137,19 +160,24 @@ class RayCpuProxy:
         cancel: threading.Event | None = None,
         **kwargs: Any,
     ) -> ExecResult:
+        """As ``CpuManager.exec``; a lost node is an outcome (``error``, ``node_lost: ...``),
+        never raised, as the manager's own failures are."""
         kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
-        result: ExecResult = self.link.call_cancellable(
-            "cpu", "exec", cancel, sandbox_id, command, **kwargs
-        )
-        return result
+        return self._action("exec", cancel, sandbox_id, command, **kwargs)
 
     def run_in_session(
         self, session_id: str, command: str, *, cancel: threading.Event | None = None, **kwargs: Any
     ) -> ExecResult:
         kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
-        result: ExecResult = self.link.call_cancellable(
-            "cpu", "run_in_session", cancel, session_id, command, **kwargs
-        )
+        return self._action("run_in_session", cancel, session_id, command, **kwargs)
+
+    def _action(
+        self, method: str, cancel: threading.Event | None, *args: Any, **kwargs: Any
+    ) -> ExecResult:
+        try:
+            result: ExecResult = self.link.call_cancellable("cpu", method, cancel, *args, **kwargs)
+        except NodeLostError as exc:
+            return ExecResult(outcome=Outcome.ERROR, exit_code=None, error=str(exc))
         return result
 
     def write_file(self, sandbox_id: str, path: str, data: bytes | str, mode: int = 0o644) -> None:
