@@ -16,6 +16,7 @@ from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.policies.eviction import plan_pool
+from arl_tangram.core.policies.opportunity import knee
 from arl_tangram.core.policies.waterfill import Claim
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.core.state import QueuedAction, StateEditor
@@ -95,18 +96,13 @@ def collect(
     return pools
 
 
-def waiting_on(ed: StateEditor, pools: Pools) -> dict[str, int]:
-    """Candidates plus backlog per touched node with candidates (the pools this round plans)."""
-    return {n: len(c) + len(pools.backlog.get(n, ())) for n, c in pools.candidates.items() if ed.is_touched(n)}
-
-
 def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, cap: int | None = None) -> Claim:
     """The allocation view of a CPU candidate.
 
     A CPU-elastic action claims cores per unit of DoP (its fixed part is charged by the
-    caller), at most ``cap`` units (never below its minimum) when the pool prices its
-    cores (``opportunity.fair_caps``). Any other action is one indivisible unit costing
-    its whole CPU demand.
+    caller), at most ``cap`` units when the pool prices its cores (``opportunity.fair_caps``),
+    but never fewer than its declared curve's efficiency knee (``opportunity.knee``) nor its
+    minimum. Any other action is one indivisible unit costing its whole CPU demand.
     """
     spec = qa.spec
     if spec.key is not ResourceKind.CPU:
@@ -116,7 +112,7 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, ca
     if fixed_dop is not None:
         lo = hi = min(max(fixed_dop, spec.dop_min), spec.dop_max)
     elif cap is not None:
-        hi = max(lo, min(hi, cap))
+        hi = min(hi, max(cap, knee(spec.elasticity, lo, hi)))
     t_ori = ledger.estimated_t_ori(ed, qa)
     try:
         return _claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)

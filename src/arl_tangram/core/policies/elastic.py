@@ -17,7 +17,8 @@ class ElasticPolicy(Policy):
     ``deferral_tries`` bounds the greedy eviction per pool (8 measured as good as 32 on the
     coding and dense-ablation workloads, at a quarter of the cost); ``aging_s`` bounds
     backfill overtaking; ``host_to_device_gbps`` prices a swap-in against waiting;
-    ``opportunity_cost`` caps a grant at the fair share of the arrivals the node expects
+    ``opportunity_cost`` caps a grant at the widest DoP the node can sustain for the
+    arrivals it expects during the run, floored at the curve's efficiency knee
     (``opportunity.fair_caps``; off: the reference policy, spare cores priced at zero).
 
     Holds configuration only (no per-round state), so one instance may serve several loops.
@@ -56,7 +57,7 @@ class ElasticPolicy(Policy):
         pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit)
         caps = None
         if fixed is None and self.opportunity_cost:
-            caps = opportunity.fair_caps(ed, cpu_round.waiting_on(ed, pools))
+            caps = opportunity.fair_caps(ed, pools.candidates, pools.backlog)
         decisions += cpu_round.start_pools(
             ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s, tries=self.deferral_tries, caps=caps
         )

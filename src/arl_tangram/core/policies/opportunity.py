@@ -1,4 +1,4 @@
-"""Core: the opportunity cost of cores, as a DoP cap per node pool.
+"""Core: the opportunity cost of cores, as a DoP cap per node pool (look-ahead over a run).
 
 A core granted now is held for the whole run of the action it goes to (a DoP is fixed
 for a run), so it is missing for every action that arrives on that node meanwhile.
@@ -6,84 +6,222 @@ Water-filling the spare cores among the candidates present prices them at zero: 
 quiet moment it hands out DoP 32 at ~45% parallel efficiency, and the actions that
 arrive a second later queue (issue 14's audit: fixed DoP 16 beat that on the headline).
 
-The price here comes from what the state already shows. Every ready env on a node will
-submit actions; the share of envs that have an action in flight (running or queued),
-measured over the whole pool, is the chance that an env has one at a given moment (a
-snapshot of the busy fraction over ~1,000 envs is steady where one node's is not). So a
-node with ``N`` envs expects ``N · busy · elastic_share`` elastic actions in flight
-and ``N · busy · (1 - elastic_share)`` single-core commands. The cores left after the
-commands, shared evenly, give the fair DoP ``cap``: granting more than ``cap`` to one
-action takes a core from an expected arrival. For the identical declared curves an
-action kind has, pricing a core at the marginal rate where the curve reaches ``cap``
-gives the same allocation as capping at ``cap``, so the cap is the price in closed form.
+The cap is the widest DoP ``m`` that every elastic action on the node could get during
+a run at ``m`` without running out of cores, from what the state shows (a fluid
+look-ahead over the horizon ``H(m)``, a typical elastic run at ``m``):
 
-The cap never goes below ``dop_min``, and only limits what water-filling hands out;
-candidates present still share the pool as before (their competition is exact).
+- *available* core-seconds in ``[now, now + H]``: the node's free cores, plus each running
+  action's cores from its expected end on (an overdue action counts as ending now);
+- *demanded* core-seconds: the candidates and backlog present (elastic ones at ``m`` for
+  ``H``, commands for their estimate), and the arrivals expected meanwhile. Envs are a
+  closed loop (an env submits again after thinking), so in steady state the pool's
+  arrival rate is its completion rate ``Σ 1/d`` over running env actions; it is spread
+  over the idle envs of the pool and charged per idle env of the node. Elastic arrivals
+  hold ``m`` cores for half the horizon on average; their count is taken one Poisson
+  standard deviation above its mean (``ARRIVAL_Z``), since a burst, not the mean, is what
+  finds the node short.
+
+Why a look-ahead and not a snapshot: an earlier cap shared all cores among the elastic
+actions in flight; narrow grants make runs longer, so more are in flight, and the cap
+shrank on itself (DoP 1-2 with half the dense ablation's cores idle). Here running
+actions count by the cores they will release and arrivals by their rate, neither of
+which grows when runs get narrower.
+
+The cap only limits what water-filling hands out (the candidates present still compete
+exactly, and deferral still weighs them), never goes below ``dop_min``, and never below
+the declared curve's efficiency knee (``knee``): narrowing below it saves the pool almost
+nothing while the action's run grows like ``1/m``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from arl_tangram.core.resources import ResourceKind
-from arl_tangram.core.state import StateEditor
+from arl_tangram.core import ledger
+from arl_tangram.core.elasticity import ElasticityModel
+from arl_tangram.core.resources import MILLICORES_PER_CORE, ResourceKind
+from arl_tangram.core.state import QueuedAction, StateEditor
 
-_ENV_COUNT_MEMO: list[object] = [None, None]  # (envs mapping, {node: ready envs}) of the last round
+Queues = Mapping[str, Sequence[QueuedAction]]  # node -> queued actions, FCFS
+
+EFFICIENCY_KNEE = 0.9  # below the widest DoP at this parallel efficiency a core saves < 10% of itself
+ARRIVAL_Z = 1.0  # expected elastic arrivals are charged at mean + Z · sqrt(mean) (Poisson)
+_MIN_RUN_S = 1e-3  # a run's expected length is at least this (guards 1/d)
+
+
+@dataclass(frozen=True)
+class _Flows:
+    """The pool's flows this round, from one pass over the running actions.
+
+    ``elastic_s[m - 1]`` is the mean elastic run at DoP ``m`` (the declared curves of the
+    running elastic actions, weighted by their rates); ``per_idle_env`` the arrival rate
+    of one idle env; ``elastic_share`` the elastic part of arrivals; ``command_core_s``
+    the core-seconds one command arrival holds.
+    """
+
+    per_idle_env: float
+    elastic_share: float
+    command_core_s: float
+    elastic_s: tuple[float, ...]
+    releases: dict[str, tuple[list[float], list[float], list[float]]]  # node -> ends, Σcores, Σcores·end
+    active_on: dict[str, int]
+
+
+def fair_caps(ed: StateEditor, candidates: Queues, backlog: Queues) -> dict[str, int]:
+    """DoP cap (in units) per touched node of ``candidates`` this round (see the module doc);
+    ``backlog`` is what waits on each node behind them (both from ``cpu_round.collect``).
+
+    A node gets no cap when it has no idle env (everyone who could compete is present and
+    water-filling with eviction already weighs them exactly) or when nothing elastic runs
+    in the pool (no rate to look ahead with)."""
+    waiting = {n: len(c) + len(backlog.get(n, ())) for n, c in candidates.items() if ed.is_touched(n)}
+    if not waiting:
+        return {}
+    per_node = ready_envs_per_node(ed)
+    idle_pool = sum(per_node.values()) - len(ed.env_busy) - sum(waiting.values())
+    widest = max((qa.spec.dop_max for n in waiting for qa in candidates[n] if qa.spec.key is ResourceKind.CPU), default=0)
+    flows = _flows(ed, waiting, max(1, idle_pool), widest)
+    if flows is None:
+        return {}
+    caps: dict[str, int] = {}
+    for node_id in sorted(waiting):
+        idle = per_node.get(node_id, 0) - flows.active_on.get(node_id, 0) - waiting[node_id]
+        if idle > 0:
+            present = [*candidates[node_id], *backlog.get(node_id, ())]
+            caps[node_id] = _node_cap(ed, present, node_id, flows, flows.per_idle_env * idle)
+    return caps
+
+
+def _flows(ed: StateEditor, nodes: Mapping[str, int], idle_pool: int, widest: int) -> _Flows | None:
+    """One pass over the running actions (the round's main extra cost, kept lean): pool-wide
+    rates, and releases and env activity for ``nodes`` only (the pools this round plans)."""
+    rate = elastic_rate = command_millicores = 0.0
+    weights: dict[ElasticityModel, float] = {}  # Σ t_ori/d = Σ S(dop) per declared curve
+    unhashable: list[tuple[ElasticityModel, float]] = []
+    ends: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
+    active_on = dict.fromkeys(nodes, 0)
+    now, cpu = ed.now_s, ResourceKind.CPU
+    for run in ed.running.values():
+        node_ends = ends.get(run.node_id)
+        if node_ends is not None and run.grant.cpu_millicores:
+            node_ends.append((run.expected_end_s if run.expected_end_s > now else now, run.grant.cpu_millicores / MILLICORES_PER_CORE))
+        spec = run.spec
+        if spec.binding.kind != "env":
+            continue
+        if node_ends is not None:
+            active_on[run.node_id] += 1
+        d = run.expected_end_s - run.started_s
+        inv = 1.0 / (d if d > _MIN_RUN_S else _MIN_RUN_S)
+        rate += inv
+        if spec.key is cpu:
+            elastic_rate += inv
+            model = spec.elasticity
+            try:
+                weights[model] = weights.get(model, 0.0) + model.speedup(run.dop)
+            except TypeError:  # an unhashable (still-learning) model stands alone
+                unhashable.append((model, model.speedup(run.dop)))
+        else:
+            command_millicores += run.grant.cpu_millicores  # cores · d / d
+    if widest < 1 or elastic_rate <= 0.0:
+        return None
+    models = sorted(weights.items(), key=lambda kv: repr(kv[0])) + unhashable  # deterministic summation order
+    elastic_s = tuple(sum(w / model.speedup(m) for model, w in models) / elastic_rate for m in range(1, widest + 1))
+    commands = rate - elastic_rate
+    return _Flows(
+        per_idle_env=rate / idle_pool,
+        elastic_share=elastic_rate / rate,
+        command_core_s=command_millicores / MILLICORES_PER_CORE / commands if commands > 0 else 0.0,
+        elastic_s=elastic_s,
+        releases={n: _prefix(sorted(v)) for n, v in ends.items()},
+        active_on=active_on,
+    )
+
+
+def _prefix(ends: list[tuple[float, float]]) -> tuple[list[float], list[float], list[float]]:
+    at, cores, weighted = [], [0.0], [0.0]
+    for end, c in ends:
+        at.append(end)
+        cores.append(cores[-1] + c)
+        weighted.append(weighted[-1] + c * end)
+    return at, cores, weighted
+
+
+def _node_cap(ed: StateEditor, present: Sequence[QueuedAction], node_id: str, flows: _Flows, arrivals_per_s: float) -> int:
+    """The widest DoP whose run's demanded core-seconds fit in what the node has (≥ 1)."""
+    now = ed.now_s
+    free = ed.cpu[node_id].free_millicores / MILLICORES_PER_CORE
+    at, cores, weighted = flows.releases.get(node_id, ([], [0.0], [0.0]))
+    present_elastic, present_commands = 0, []
+    for qa in present:
+        if qa.spec.key is ResourceKind.CPU:
+            present_elastic += 1
+        else:
+            present_commands.append((qa.spec.demand_min.cpu_millicores / MILLICORES_PER_CORE, ledger.estimated_t_ori(ed, qa)))
+    share = flows.elastic_share
+    cap = 1
+    for m, horizon in enumerate(flows.elastic_s, start=1):
+        j = bisect.bisect_right(at, now + horizon)
+        available = free * horizon + cores[j] * (now + horizon) - weighted[j]
+        elastic_arrivals = arrivals_per_s * share * horizon
+        elastic_arrivals += ARRIVAL_Z * math.sqrt(elastic_arrivals)
+        demanded = (
+            present_elastic * m * horizon
+            + _commands_core_s(present_commands, horizon)
+            + elastic_arrivals * m * horizon / 2.0
+            + arrivals_per_s * (1.0 - share) * horizon * flows.command_core_s
+        )
+        if demanded > available:
+            break
+        cap = m
+    return cap
+
+
+def _commands_core_s(commands: Sequence[tuple[float, float]], horizon: float) -> float:
+    return sum(c * min(d, horizon) for c, d in commands)
+
+
+def knee(elasticity: ElasticityModel, dop_min: int, dop_max: int) -> int:
+    """The widest DoP in ``[dop_min, dop_max]`` whose parallel efficiency is still at least
+    ``EFFICIENCY_KNEE`` (``dop_min`` when none is): the floor of any cap."""
+    try:
+        return _knee(elasticity, dop_min, dop_max)
+    except TypeError:  # an unhashable (still-learning) model: never cache it
+        return _knee.__wrapped__(elasticity, dop_min, dop_max)
+
+
+@functools.lru_cache(maxsize=1024)
+def _knee(elasticity: ElasticityModel, dop_min: int, dop_max: int) -> int:
+    best = dop_min
+    for m in range(dop_min, dop_max + 1):
+        if elasticity.efficiency(m) < EFFICIENCY_KNEE:
+            break
+        best = m
+    return best
+
+
+_ENVS_MEMO: list[object] = [None, None]  # (a frozen envs table, its ready envs per node)
 
 
 def ready_envs_per_node(ed: StateEditor) -> dict[str, int]:
-    """Ready envs per node. Memoised on the envs table itself (immutable between rounds that
-    place or release no env), so a round that only starts and finishes actions pays nothing."""
+    """Ready envs per node, memoised on the envs table of the round's base state.
+
+    Correct because a table that this round has not written is the frozen table of a
+    past state, which nothing mutates (``StateEditor.w`` copies before the first write);
+    the memo holds a reference to it, so its identity cannot be reused by another table.
+    A table written this round may still change, so it is counted afresh and not kept.
+    Rounds that place or release no env (most of them) pay nothing."""
     envs = ed.envs
-    if _ENV_COUNT_MEMO[0] is envs:
-        counts: dict[str, int] = _ENV_COUNT_MEMO[1]  # type: ignore[assignment]
+    if _ENVS_MEMO[0] is envs:
+        counts: dict[str, int] = _ENVS_MEMO[1]  # type: ignore[assignment]
         return counts
     counts = {}
     for env in envs.values():
         if env.ready and env.node_id is not None:
             counts[env.node_id] = counts.get(env.node_id, 0) + 1
-    _ENV_COUNT_MEMO[0], _ENV_COUNT_MEMO[1] = envs, counts
+    if "envs" not in ed._copied:  # noqa: SLF001 -- the base table is immutable, see above
+        _ENVS_MEMO[0], _ENVS_MEMO[1] = envs, counts
     return counts
-
-
-def fair_caps(ed: StateEditor, waiting: Mapping[str, int]) -> dict[str, int]:
-    """DoP cap (in cores) per node of ``waiting`` (node -> actions waiting there this round:
-    candidates and backlog). A node gets a cap only when it has idle envs (envs that may
-    submit during a run) and expects more than one elastic action in flight; with no
-    idle env, everyone who could compete is present and water-filling with eviction
-    already weighs them exactly."""
-    per_node = ready_envs_per_node(ed)
-    total = sum(per_node.values())
-    if not total or not waiting:
-        return {}
-    elastic = 0
-    active_on: dict[str, int] = {}  # env-bound actions running per node
-    for run in ed.running.values():
-        if run.spec.key is ResourceKind.CPU:
-            elastic += 1
-        if run.spec.binding.kind == "env":
-            active_on[run.node_id] = active_on.get(run.node_id, 0) + 1
-    queued_elastic = 0
-    for qa in ed.queue_cpu.values():
-        if qa.spec.key is ResourceKind.CPU:
-            queued_elastic += 1
-    in_flight = len(ed.env_busy) + len(ed.queue_cpu)
-    busy = min(1.0, in_flight / total)
-    share = (elastic + queued_elastic) / max(1, len(ed.running) + len(ed.queue_cpu))
-    caps: dict[str, int] = {}
-    for node_id in sorted(waiting):
-        n = per_node.get(node_id, 0)
-        idle = n - active_on.get(node_id, 0) - waiting[node_id]
-        expect_elastic = n * busy * share
-        if idle <= 0 or expect_elastic <= 1.0:
-            continue
-        commands = n * busy * (1.0 - share)
-        caps[node_id] = max(1, int((_cores(ed, node_id) - commands) / expect_elastic))
-    return caps
-
-
-def _cores(ed: StateEditor, node_id: str) -> int:
-    for node in ed.spec.cpu_nodes:
-        if node.node_id == node_id:
-            return sum(node.numa_cores)
-    return 0

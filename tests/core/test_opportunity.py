@@ -1,0 +1,66 @@
+"""The opportunity cost of cores (core/policies/opportunity.py): the efficiency knee that
+floors every cap, the look-ahead cap's inputs, and the ready-env memo's correctness."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from arl_tangram.core.elasticity import Amdahl
+from arl_tangram.core.events import ActionSubmitted
+from arl_tangram.core.policies import opportunity
+from arl_tangram.core.policies.cpu_round import claim_of
+from arl_tangram.core.state import QueuedAction, StateEditor
+from tests.core.builders import Driver, make_action, make_cluster, make_env, make_state
+
+
+@pytest.mark.parametrize(
+    ("serial", "dop_min", "dop_max", "knee"),
+    [
+        (0.04, 1, 32, 3),  # E(3) = 1/1.08 = 0.93, E(4) = 1/1.12 = 0.89
+        (0.0, 1, 32, 32),  # perfectly parallel: every core is fully used
+        (0.5, 1, 16, 1),  # E(2) = 0.67 already
+        (0.5, 2, 16, 2),  # never below the minimum
+        (0.04, 1, 2, 2),  # never above the maximum
+    ],
+)
+def test_knee_is_the_widest_dop_at_ninety_percent_efficiency(serial: float, dop_min: int, dop_max: int, knee: int) -> None:
+    assert opportunity.knee(Amdahl(serial), dop_min, dop_max) == knee
+
+
+def test_a_cap_never_narrows_a_claim_below_its_knee() -> None:
+    ed = StateEditor(make_state(), 0.0)
+    qa = QueuedAction(make_action("a", env="e0", dop_max=32, serial_fraction=0.04, t_ori_s=10.0), 0.0, 0)
+    assert claim_of(ed, qa, cap=1).dop_max == 3  # narrower saves the pool < 10% of a core per core
+    assert claim_of(ed, qa, cap=10).dop_max == 10
+    assert claim_of(ed, qa).dop_max == 32
+    poor = QueuedAction(make_action("b", env="e0", dop_max=32, serial_fraction=0.5, t_ori_s=10.0), 0.0, 1)
+    assert claim_of(ed, poor, cap=1).dop_max == 1
+
+
+def test_no_cap_without_idle_envs_or_without_elastic_runs() -> None:
+    d = Driver.of("elastic", make_cluster(cores=16))
+    for i in range(2):
+        d.add_ready_env(make_env(f"e{i}"))
+    # Only commands run: no elastic rate to look ahead with, so the test run is not capped.
+    d.step([ActionSubmitted(make_action("c", env="e0", t_ori_s=5.0))])
+    r = d.step([ActionSubmitted(make_action("t", env="e1", dop_max=16, serial_fraction=0.04, t_ori_s=8.0))], now=0.5)
+    (start,) = [x for x in r.decisions if getattr(x, "action_id", None) == "t"]
+    assert start.dop == 15 and "capped" not in start.reason
+
+
+def test_ready_env_counts_follow_env_changes_and_never_keep_a_written_table() -> None:
+    d = Driver.of("elastic", make_cluster(cores=16))
+    d.add_ready_env(make_env("e0"))
+    d.add_ready_env(make_env("e1"))
+    node = d.state.envs["e0"].node_id
+    assert node is not None
+    assert opportunity.ready_envs_per_node(StateEditor(d.state, 1.0)) == {node: 2}
+    ed = StateEditor(d.state, 1.0)
+    ed.w("envs")["e1"] = replace(ed.envs["e1"], ready=False)  # a table written this round
+    assert opportunity.ready_envs_per_node(ed) == {node: 1}
+    ed.w("envs")["e0"] = replace(ed.envs["e0"], ready=False)  # ... may change again
+    assert opportunity.ready_envs_per_node(ed) == {}
+    d.add_ready_env(make_env("e2"))
+    assert opportunity.ready_envs_per_node(StateEditor(d.state, 2.0)) == {node: 3}
