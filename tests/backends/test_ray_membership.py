@@ -152,4 +152,8 @@ def test_calls_on_a_lost_node_fail_fast() -> None:
         cpu.destroy_sandbox("env-1")
     assert cpu.list_sandboxes() == []  # its sandboxes went with it
     r = cpu.exec("env-1", "true")  # an action's end is an outcome, as the manager's own failures
-    assert r.outcome == "error" and r.error is not None and r.error.startswith("node_lost: node ray-a was lost")
+    assert (
+        r.outcome == "error"
+        and r.error is not None
+        and r.error.startswith("node_lost: node ray-a was lost")
+    )
