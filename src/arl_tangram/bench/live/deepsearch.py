@@ -54,7 +54,7 @@ class DeepSearchLiveParams:
     (PAPER.md publishes no DeepSearch trace; PAPER: "search-API limits far below batch ×
     group size", so the offered rate is set above the provider's limit)."""
 
-    trajectories: int = 32  # assumption (PAPER's batch 2048, scaled down)
+    trajectories: int = 48  # assumption (PAPER's batch 2048, scaled down)
     calls_min: int = 2  # assumption: search calls per trajectory, uniform in [min, max]
     calls_max: int = 5
     think_mean_s: float = 1.0  # assumption: generation between calls, lognormal mean
