@@ -195,6 +195,7 @@ async def _run_tangram(
 
 
 def _backoff_s(p: DeepSearchLiveParams, response: httpx.Response, attempt: int, rng: random.Random) -> float:
+    """The wait before retry ``attempt + 1`` after a 429, as openai-python computes it."""
     header = response.headers.get("retry-after")
     try:
         after_s = float(header) if header is not None else None

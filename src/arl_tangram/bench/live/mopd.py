@@ -4,11 +4,13 @@ Trajectories (multi-teacher on-policy distillation) each belong to one domain's 
 drawn with Zipf-skewed popularity over 9 locally generated teacher models of different
 sizes (PAPER.md: 9 teachers, called very unevenly); after each generation chunk (think
 time; no student runs) they ask the teacher for per-token log-probs of the chunk
-(``logprobs`` handler). Two systems run the same seeded request stream, one after the other,
-on CPU devices (the GPU manager's same code path) on the same cores:
+(``logprobs`` handler). Two systems run the same seeded request stream on CPU devices (the
+GPU manager's same code path) on the same cores; both are set up side by side and the
+stream runs in waves of trajectories, the systems alternating ABBA, so a change of the
+shared host's load hits both alike:
 
 - ``static`` (SGLang-style): each teacher resident on its own device for the whole run,
-  each device sized to its teacher (the least memory a dedicated deployment can hold);
+  its memory counted at the teacher's exact footprint (the least a dedicated device holds);
   requests go straight to that replica (batched per replica, as a serving engine would).
 - ``tangram``: the teachers registered with the embedded runtime, on 2 devices whose total
   memory is under a third of the static deployment's; the core swaps teachers in from host
@@ -123,7 +125,7 @@ def _valid(output: Any, tokens: tuple[int, ...]) -> bool:
     if not isinstance(output, dict) or output.get("tokens") != list(tokens):
         return False
     lps = output.get("token_logprobs") or []
-    return len(lps) == len(tokens) and lps[0] is None and all(isinstance(x, float) and x <= 0 for x in lps[1:])
+    return len(lps) == len(tokens) and lps[0] is None and all(isinstance(x, float) and math.isfinite(x) and x <= 0 for x in lps[1:])
 
 
 async def _drive(plans: list[Plan], call: Call, tick: Callable[[], None]) -> tuple[list[Rec], float]:
