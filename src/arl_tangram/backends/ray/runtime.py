@@ -68,7 +68,9 @@ class RayRuntime:
             )
         await asyncio.gather(*(asyncio.to_thread(_register_on, a, service) for a in agents))
         self.services.append(service)
-        spec = agents[0].service_spec(service.name, service.devices_min, service.devices_max)
+        spec = await asyncio.to_thread(
+            agents[0].service_spec, service.name, service.devices_min, service.devices_max
+        )
         self.controller.register_service(spec)
         return spec
 
