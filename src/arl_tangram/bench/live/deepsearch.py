@@ -78,7 +78,7 @@ class DeepSearchLiveParams:
 
 
 def live_params(opts: LiveOptions) -> DeepSearchLiveParams:
-    return DeepSearchLiveParams(trajectories=10, calls_min=2, calls_max=3) if opts.quick else DeepSearchLiveParams()
+    return DeepSearchLiveParams(trajectories=16, calls_min=2, calls_max=3) if opts.quick else DeepSearchLiveParams()
 
 
 @dataclass(frozen=True)
