@@ -9,6 +9,7 @@ import io
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,9 @@ def test_search_service_enforces_its_limit_and_counts_violations() -> None:
             assert rejected and all(a.headers["Retry-After"].isdigit() for a in rejected)
             stats = svc.stats()
             assert stats["violations"] == len(rejected) and stats["accepted"] == 4 - len(rejected)
+            time.sleep(1.2)  # a token back: the bad request passes the limit and is refused for its field
+            bad = httpx.post(f"{svc.base_url}/search", json={"q": "list", "k": "x"}, headers=auth)
+            assert bad.status_code == 400 and "k:" in bad.json()["error"]
             proc = svc.proc
         assert proc is not None and proc.poll() is not None  # the provider process is gone
 

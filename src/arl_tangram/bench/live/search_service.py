@@ -39,6 +39,7 @@ import httpx
 
 _WORD = re.compile(r"[A-Za-z]{4,}")
 STARTUP_TIMEOUT_S = 20.0
+MAX_HITS = 50
 
 
 def corpus_documents() -> list[tuple[str, str]]:
@@ -156,8 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = _json(raw)
+            k = body.get("k", 5)
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_HITS:
+                self._reply(400, {"error": f"k: must be an integer in [1, {MAX_HITS}]"})
+                return
             started = time.perf_counter()
-            hits = provider.search(str(body.get("q", "")), int(body.get("k", 5)))
+            hits = provider.search(str(body.get("q", "")), k)
             # the rest of a web search's latency (network, ranking at scale): an assumption
             time.sleep(max(0.0, provider.latency_s - (time.perf_counter() - started)))
         finally:
