@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -208,6 +210,22 @@ async def measure(quick: bool) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Ray's driver prints its nodes' errors (a killed raylet's last log lines) on stdout,
+    and its processes inherit it: send file descriptor 1 to stderr while the cluster lives,
+    so ``--json`` prints one clean line."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="arl-tangram bench ray", description=__doc__.splitlines()[0]
@@ -216,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sample sizes (tests)")
     args = parser.parse_args(argv)
     print("bench ray: starting a local 3-node Ray cluster (about a minute)...", file=sys.stderr)
-    result = asyncio.run(measure(args.quick))
+    with _stdout_to_stderr():
+        result = asyncio.run(measure(args.quick))
     if args.json:
         print(json.dumps(result))
     else:

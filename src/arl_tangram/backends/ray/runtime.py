@@ -52,6 +52,7 @@ class RayRuntime:
         self.membership = membership
         self.agent = agent  # the controller's own (API quota); node agents: ``membership``
         self.services: list[Any] = []  # runtime.config.ServiceConfig, in registration order
+        self._services_lock = asyncio.Lock()
         self.report_problems: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._owns_ray = False
@@ -61,22 +62,28 @@ class RayRuntime:
         """Register a model service on every GPU node (its folder must exist on each, or its
         module be importable there) and make it schedulable. Nodes that join later get it
         before they join. Raises ``SpecError`` without a GPU node, or the manager's error."""
-        agents = [a for a in self.membership.live_agents if a.gpu is not None]
-        if not agents:
-            raise SpecError(
-                "service", "needs a GPU node (a Ray node offering the GPU resource)", service.name
+        async with self._services_lock:  # a GPU node joining meanwhile gets it too
+            agents = [a for a in self.membership.live_agents if a.gpu is not None]
+            if not agents:
+                raise SpecError(
+                    "service",
+                    "needs a GPU node (a Ray node offering the GPU resource)",
+                    service.name,
+                )
+            await asyncio.gather(*(asyncio.to_thread(_register_on, a, service) for a in agents))
+            self.services.append(service)
+            spec = await asyncio.to_thread(
+                agents[0].service_spec, service.name, service.devices_min, service.devices_max
             )
-        await asyncio.gather(*(asyncio.to_thread(_register_on, a, service) for a in agents))
-        self.services.append(service)
-        spec = await asyncio.to_thread(
-            agents[0].service_spec, service.name, service.devices_min, service.devices_max
-        )
         self.controller.register_service(spec)
         return spec
 
     async def _register_known(self, agent: NodeAgent) -> None:
-        for service in self.services:
-            await asyncio.to_thread(_register_on, agent, service)
+        """The services so far, on a GPU node about to join (membership joins it right
+        after, with no await between, so a concurrent ``register_service`` sees it)."""
+        async with self._services_lock:
+            for service in self.services:
+                await asyncio.to_thread(_register_on, agent, service)
 
     async def aclose(self) -> None:
         """End every unfinished action (``cancelled``), close every node's managers and
