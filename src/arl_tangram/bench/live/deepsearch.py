@@ -271,6 +271,7 @@ def _summarise(runs: dict[str, tuple[SystemRun, list[Rec], list[float]]], stats:
         summary[f"{system}_actions"] = len(recs)
         summary[f"{system}_mean_reward"] = mean_of([x for x in rewards if math.isfinite(x)])
         summary[f"{system}_provider_accepted"] = stats[system]["accepted"]
+    summary["search_act_gain"] = summary["semaphore_search_mean_act_s"] / summary["tangram_search_mean_act_s"]
     return summary
 
 
