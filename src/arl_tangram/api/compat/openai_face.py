@@ -33,7 +33,7 @@ from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.runtime.actions import ActionResult, ServicePayload
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], include_in_schema=False)  # its contract is OpenAI's and vLLM's
 MAX_INPUTS = 256
 
 

@@ -38,7 +38,7 @@ from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
 MAX_FILES = 1000
-router = APIRouter(tags=["sandboxfusion"])
+router = APIRouter(tags=["sandboxfusion"], include_in_schema=False)  # its contract is SandboxFusion's, not our OpenAPI
 
 
 class RunCodeRequest(BaseModel):

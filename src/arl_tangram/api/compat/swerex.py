@@ -37,7 +37,7 @@ from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_sta
 from arl_tangram.api.state import DEFAULT_TENANT, NotFound
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
-router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"])
+router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False)  # SWE-ReX's contract
 DEFAULT_TIMEOUT_S = 3600.0  # SWE-ReX's ``timeout: None``: no limit of its own; ours is an hour
 MAX_UPLOAD_BYTES = 256 << 20
 MAX_REPLIES = 64
