@@ -48,6 +48,7 @@ class RaySettings:
     join_poll_s: float = 1.0
     actor_threads: int = 64
     agent_start_timeout_s: float = 180.0
+    retry_start_s: float = 10.0  # after an agent failed to start on a node
     gpu: GpuSettings = field(default_factory=GpuSettings)
 
 
@@ -76,6 +77,7 @@ class RayMembership:
         self.on_lost: list[Callable[[NodeAgent, float], None]] = []
         self.on_join: list[Callable[[NodeAgent, float], None]] = []
         self._starting: set[str] = set()
+        self._failed_at: dict[str, float] = {}  # ray node id -> its agent's last failed start
         self._actor_cls: Any = None
 
     @property
@@ -85,14 +87,16 @@ class RayMembership:
     async def run(self) -> None:
         """Join and heartbeat loops, until cancelled."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._join_loop(), name="tangram-ray-join")
+            tg.create_task(self._join_loop(tg), name="tangram-ray-join")
             tg.create_task(self._heartbeat_loop(), name="tangram-ray-heartbeat")
 
     # -- join ---------------------------------------------------------------------------
-    async def discover(self) -> list[NodeAgent]:
+    async def discover(self, starts: asyncio.TaskGroup | None = None) -> list[NodeAgent]:
         """Start an agent on every alive offering node without one, at once; returns the
-        agents that joined. A node whose agent fails to start is logged and retried at the
-        next poll. Nodes Ray reports dead are declared lost."""
+        agents that joined. With ``starts``, the agents start as tasks of that group and
+        nothing is awaited (a node slow to start never holds up the next poll). A node whose
+        agent fails to start is logged, closed and retried ``retry_start_s`` later. Nodes Ray reports dead
+        are declared lost."""
         import ray
 
         nodes = await asyncio.to_thread(ray.nodes)
@@ -108,6 +112,7 @@ class RayMembership:
                 nid in self.links
                 or nid in self._starting
                 or not (res.get(s.resource) or res.get(s.gpu_resource))
+                or time.monotonic() - self._failed_at.get(nid, -1e9) < s.retry_start_s
             ):
                 continue
             fresh.append(
@@ -118,6 +123,11 @@ class RayMembership:
                     int(res.get("GPU", 0)),
                 )
             )
+        self._starting.update(f[0] for f in fresh)
+        if starts is not None:
+            for f in fresh:
+                starts.create_task(self._start_agent(*f), name=f"tangram-ray-agent:{f[0][:8]}")
+            return []
         joined = await asyncio.gather(*(self._start_agent(*f) for f in fresh))
         return [a for a in joined if a is not None]
 
@@ -126,7 +136,6 @@ class RayMembership:
     ) -> NodeAgent | None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self._starting.add(ray_node_id)
         agent_id = f"ray-{ray_node_id[:8]}"
         actor = None
         try:
@@ -147,12 +156,15 @@ class RayMembership:
             )  # fmt: skip
             if gpu and self.register is not None:
                 await self.register(agent)
-        except Exception:
-            log.exception(
-                "the agent on Ray node %s failed to start; retrying at the next poll", ray_node_id
-            )
+        except asyncio.CancelledError:
             if actor is not None:
                 _kill(actor)
+            raise
+        except Exception:
+            log.exception("the agent on Ray node %s failed to start; retrying later", ray_node_id)
+            self._failed_at[ray_node_id] = time.monotonic()
+            if actor is not None:
+                await _close_and_kill(actor)
             return None
         finally:
             self._starting.discard(ray_node_id)
@@ -164,11 +176,11 @@ class RayMembership:
             callback(agent, time.time())
         return agent
 
-    async def _join_loop(self) -> None:
+    async def _join_loop(self, starts: asyncio.TaskGroup) -> None:
         while True:
             await asyncio.sleep(self.settings.join_poll_s)
             try:
-                await self.discover()
+                await self.discover(starts)
             except Exception:  # a GCS hiccup must not end membership
                 log.exception("polling Ray's nodes failed")
 
@@ -252,6 +264,15 @@ def _why(future: asyncio.Future[Any]) -> str:
         return "cancelled"
     exc = future.exception()
     return type(exc).__name__ if exc is not None else "ok"
+
+
+async def _close_and_kill(actor: Any) -> None:
+    """End an agent that failed to start: its managers first (best effort), then its actor."""
+    try:
+        await asyncio.wait_for(actor.close.remote(), 30.0)
+    except Exception:  # noqa: BLE001 - dead or hung: the kill below ends it
+        log.debug("closing a failed agent failed", exc_info=True)
+    _kill(actor)
 
 
 def _kill(actor: Any) -> None:
