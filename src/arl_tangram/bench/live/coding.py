@@ -121,8 +121,10 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
         runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]] = {}
         for system in systems:
             progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
+            load_1m = os.getloadavg()[0]
             outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, progress)
             runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
+            runs[system][0].extra["host_load_1m"] = (load_1m + os.getloadavg()[0]) / 2  # systems run at different times
     result = workload_result(runs, config, problems, cores, turn_core_s)
     result.summary["host_load_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return result
