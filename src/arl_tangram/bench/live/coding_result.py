@@ -87,6 +87,7 @@ def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config:
         "pod_millicores": config.pod_millicores(cores),
         "mean_act_s": {r.system: r.mean_act_s for r, _ in runs.values()},
         "step_s": {r.system: r.step_s for r, _ in runs.values()},
+        "per_system": {r.system: dict(r.extra) for r, _ in runs.values()},
     }
     if tangram is not None and baselines:
         best_act = min(baselines, key=lambda r: r.mean_act_s)
