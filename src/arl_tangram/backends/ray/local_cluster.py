@@ -41,6 +41,7 @@ class LocalRayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix=f"arl-tangram-{os.getpid()}-ray-")
         self._saved = {k: os.environ.get(k) for k in (*_ENV, "RAY_TMPDIR")}
         self._cluster: Any = None
+        self._saved_enable: bool | None = None
 
     @property
     def address(self) -> str:
@@ -57,6 +58,7 @@ class LocalRayCluster:
         from ray.cluster_utils import Cluster
 
         # read at import; ray may have been imported before the environment was set
+        self._saved_enable = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = False
         try:
             self._cluster = Cluster(
@@ -107,6 +109,10 @@ class LocalRayCluster:
                 self._cluster = None
         finally:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+            if self._saved_enable is not None:
+                from ray._private import ray_constants
+
+                ray_constants.ENABLE_RAY_CLUSTER, self._saved_enable = self._saved_enable, None
             for key, value in self._saved.items():
                 if value is None:
                     os.environ.pop(key, None)

@@ -10,8 +10,8 @@ Runs on the controller's event loop, as one tracked task (``run``) with two loop
   * heartbeat: every ``heartbeat_s`` each agent is pinged (at most one ping in flight per
     agent; ping runs apart from the actor's action threads). An agent whose last answer is
     older than ``loss_after_s``, whose actor died, or whose Ray node Ray reports dead, is
-    lost: its calls in flight end with ``NodeLostError`` and ``NodeLost`` is posted for its
-    CPU and GPU node ids, so the core ends its running actions ``error`` (``node_lost``),
+    lost: its calls in flight end (an action as an ``error`` outcome naming ``node_lost``,
+    other calls with ``NodeLostError``) and ``NodeLost`` is posted for its CPU and GPU ids, so the core ends its running actions ``error`` (``node_lost``),
     its envs lost and its replicas gone, and places nothing there again. The actor is killed
     (its CPU manager's keeper then removes its sandboxes, should the node still be up).
 A lost Ray node never rejoins (Ray gives a restarted node a new id, which joins afresh).
@@ -95,8 +95,8 @@ class RayMembership:
         """Start an agent on every alive offering node without one, at once; returns the
         agents that joined. With ``starts``, the agents start as tasks of that group and
         nothing is awaited (a node slow to start never holds up the next poll). A node whose
-        agent fails to start is logged, closed and retried ``retry_start_s`` later. Nodes Ray reports dead
-        are declared lost."""
+        agent fails to start is logged, closed and retried ``retry_start_s`` later. Nodes Ray
+        reports dead are declared lost."""
         import ray
 
         nodes = await asyncio.to_thread(ray.nodes)
