@@ -110,6 +110,15 @@ async def _spread_and_affinity(rt: Any, tg: AsyncClient) -> None:
         assert r.node_id == nodes[env_id]  # env affinity: every action on its env's node
         assert r.stdout.split() == [env_id, env_id]  # in its env's own sandbox
     assert (await envs[0].read_file("who")).decode() == envs[0].env_id
+    session = await envs[1].session()  # a persistent shell on the env's node
+    await session.run("cd /tmp && X=5")
+    r = await session.run("echo $X $PWD")
+    assert (
+        r.outcome == "succeeded"
+        and r.stdout.split() == ["5", "/tmp"]
+        and r.node_id == nodes[envs[1].env_id]
+    )
+    await session.close()
     for e in envs:
         await e.release()
 
