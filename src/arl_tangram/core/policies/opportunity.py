@@ -100,8 +100,11 @@ def _flows(ed: StateEditor, nodes: Mapping[str, int], idle_pool: int, widest: in
     """One pass over the running actions (the round's main extra cost, kept lean): pool-wide
     rates, and releases and env activity for ``nodes`` only (the pools this round plans)."""
     rate = elastic_rate = command_millicores = 0.0
-    weights: dict[ElasticityModel, float] = {}  # Σ t_ori/d = Σ S(dop) per declared curve
-    unhashable: list[tuple[ElasticityModel, float]] = []
+    # Σ t_ori/d = Σ S(dop) per kind, and the kind's declared curve (profiled per kind, as in
+    # the paper; the first seen stands for it). Kinds, not curves, key it: a string's hash
+    # is cached, a curve's is recomputed on every lookup, and this loop runs every round.
+    weights: dict[str, float] = {}
+    curves: dict[str, ElasticityModel] = {}
     ends: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
     active_on = dict.fromkeys(nodes, 0)
     now, cpu = ed.now_s, ResourceKind.CPU
@@ -119,17 +122,16 @@ def _flows(ed: StateEditor, nodes: Mapping[str, int], idle_pool: int, widest: in
         rate += inv
         if spec.key is cpu:
             elastic_rate += inv
-            model = spec.elasticity
-            try:
-                weights[model] = weights.get(model, 0.0) + model.speedup(run.dop)
-            except TypeError:  # an unhashable (still-learning) model stands alone
-                unhashable.append((model, model.speedup(run.dop)))
+            kind = spec.kind
+            if kind not in curves:
+                curves[kind] = spec.elasticity
+            weights[kind] = weights.get(kind, 0.0) + spec.elasticity.speedup(run.dop)
         else:
             command_millicores += run.grant.cpu_millicores  # cores · d / d
     if widest < 1 or elastic_rate <= 0.0:
         return None
-    models = sorted(weights.items(), key=lambda kv: repr(kv[0])) + unhashable  # deterministic summation order
-    elastic_s = tuple(sum(w / model.speedup(m) for model, w in models) / elastic_rate for m in range(1, widest + 1))
+    kinds = sorted(weights)  # deterministic summation order
+    elastic_s = tuple(sum(weights[k] / curves[k].speedup(m) for k in kinds) / elastic_rate for m in range(1, widest + 1))
     commands = rate - elastic_rate
     return _Flows(
         per_idle_env=rate / idle_pool,
@@ -151,7 +153,11 @@ def _prefix(ends: list[tuple[float, float]]) -> tuple[list[float], list[float], 
 
 
 def _node_cap(ed: StateEditor, present: Sequence[QueuedAction], node_id: str, flows: _Flows, arrivals_per_s: float) -> int:
-    """The widest DoP whose run's demanded core-seconds fit in what the node has (≥ 1)."""
+    """The widest DoP whose run's demanded core-seconds fit in what the node has (≥ 1).
+
+    Scanned upwards and stopped at the first DoP that does not fit (a scan on past it, for
+    a wider DoP that fits again, gave the same runs on the coding and dense-ablation
+    workloads, and costs the whole range every round)."""
     now = ed.now_s
     free = ed.cpu[node_id].free_millicores / MILLICORES_PER_CORE
     at, cores, weighted = flows.releases.get(node_id, ([], [0.0], [0.0]))
