@@ -63,7 +63,7 @@ class MopdLiveParams:
     think_sigma: float = 0.6  # assumption (sim.workloads.mopd: 0.8; shorter tails keep each wave short)
     tokens_per_call: int = 256  # assumption: one chunk of the student's sequence
     tangram_devices: int = 2  # CPU devices of the embedded runtime (each holds one teacher)
-    waves: int = 4  # the batch runs in waves of trajectories, systems alternating ABBA
+    waves: int = 6  # the batch runs in waves of trajectories, systems alternating ABBA
 
 
 def live_params(opts: LiveOptions) -> MopdLiveParams:
