@@ -113,8 +113,11 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
         from arl_tangram.managers.gpu.models import minilm_path
 
         progress.note(WORKLOAD, "loading MiniLM reward service; calibrating HumanEval problems in a sandbox")
-        await reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path()))
-        problems, turn_core_s = await _calibrate(reward, config)
+        # the model loads on a worker thread while the sandbox calibrates: both take seconds
+        async with asyncio.TaskGroup() as group:
+            group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
+            calibration = group.create_task(_calibrate(reward, config))
+        problems, turn_core_s = calibration.result()
         plans = make_plans(config, problems, cores, turn_core_s)
         by_id = {p.task_id: p for p in problems}
         device_bytes = _service_bytes(reward)
