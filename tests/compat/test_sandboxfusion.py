@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import httpx
 import pytest
@@ -120,3 +121,19 @@ def test_tenants_by_path_token_and_overload_is_a_retryable_504() -> None:
         assert codes == [200, 504]
         busy = [r for r in asyncio.run(two_at_once()) if r.status_code == 504]
         assert all(int(r.headers["Retry-After"]) >= 1 for r in busy)
+
+
+def test_a_sandbox_is_reset_and_reused(server: ServerThread) -> None:
+    def pool_envs() -> set[str]:
+        return {e["env_id"] for e in httpx.get(f"{server.url}/v1/envs").json()["envs"] if e["env_id"].startswith("pool-")}
+
+    code = (
+        "import os\nleft = [p for p in ('mark.txt', '/tmp/mark', '/dev/shm/mark') if os.path.exists(p)]\n"
+        "for p in ('mark.txt', '/tmp/mark', '/dev/shm/mark'): open(p, 'w').write('x')\nprint(left)"
+    )
+    before = pool_envs()
+    for _ in range(5):
+        r = httpx.post(f"{server.url}/run_code", json={"code": code}).json()
+        assert r["run_result"]["stdout"] == "[]\n", r  # nothing of an earlier run is left
+        time.sleep(0.3)  # the reset runs after the answer, off the caller's path
+    assert len(pool_envs()) <= max(1, len(before))  # reused, not one new sandbox per call

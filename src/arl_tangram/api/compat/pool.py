@@ -132,7 +132,7 @@ class CodeEnvPool:
 
     async def _reset(self, tenant: str, bucket: _Bucket, env_id: str) -> None:
         try:
-            payload = ExecPayload(("bash", "-c", RESET_COMMAND), None, (), "/", RESET_TIMEOUT_S)
+            payload = ExecPayload(("bash", "-c", RESET_COMMAND), None, (), None, RESET_TIMEOUT_S)
             result = await run_env_action(self.state, tenant, env_id, "compat:reset", payload)
             if result.ok and not self.closed and env_id in self.state.controller.env_specs:
                 bucket.idle.append(env_id)
