@@ -71,7 +71,8 @@ class TrajectoryOutcome:
     scores: list[tuple[str, float]] = field(default_factory=list)  # (variant, MiniLM score)
     actions: list[ActionRecord] = field(default_factory=list)
     lost: int = 0  # actions that ended other than succeeded/failed (none may)
-    env_wait_s: float = 0.0  # from asking for the env (a pod) to its sandbox being ready
+    env_start_s: float = 0.0  # from asking for the env (a pod) to its sandbox being ready
+    env_wait_s: float = 0.0  # of that, what outlasted the first think (the first action waited)
 
     @property
     def correct(self) -> bool:
@@ -189,14 +190,15 @@ def _now(ctx: SystemContext) -> float:
 
 
 async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progress) -> TrajectoryOutcome:
-    """One trajectory: create its env (a pod in the baselines); up to two turns of (think,
-    write, lint; think, test); then think and ask the reward model to score the final
-    solution. The env's start-up wait counts in the first action's queue time (a Pending pod
-    delays the trajectory's first action)."""
+    """One trajectory: create its env (a pod in the baselines) while the LLM writes the
+    first attempt; up to two turns of (think, write, lint; think, test); then think and ask
+    the reward model to score the final solution. Whatever of the env's start-up outlasts
+    the first think counts in the first action's queue time (PAPER: a Pending pod delays the
+    trajectory's first action)."""
     out = TrajectoryOutcome(plan, _now(ctx))
     problem = ctx.problems[plan.task_id]
-    env = await ctx.tg.create_env(memory=ctx.config.env_mem, trajectory_id=plan.trajectory_id)
-    out.env_wait_s = _now(ctx) - out.started_s
+    env, _ = await asyncio.gather(_create_env(ctx, plan, out), asyncio.sleep(plan.think_s[0]))
+    out.env_wait_s = max(0.0, _now(ctx) - out.started_s - plan.think_s[0])
     try:
         if ctx.burstable_millicores:
             # Burstable: the pod's request becomes a cpu.shares weight with no quota, on all
@@ -207,7 +209,10 @@ async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progre
         await env.write_file("problem.json", json.dumps({"test": problem.test, "entry_point": problem.entry_point, "reps": problem.reps}))
         variants = [plan.first_variant] if plan.first_variant == "canonical" else [plan.first_variant, "canonical"]
         for turn, variant in enumerate(variants):
-            if await _turn(ctx, env, problem, variant, out, plan.think_s[2 * turn : 2 * turn + 2]):
+            think_s = plan.think_s[2 * turn : 2 * turn + 2]
+            if turn == 0:  # the first think ran beside the env's creation
+                think_s = (0.0, think_s[1])
+            if await _turn(ctx, env, problem, variant, out, think_s):
                 break
         await asyncio.sleep(plan.think_s[-1])  # the LLM writes its final answer
         request = {"a": problem.solution(variants[turn])[len(problem.prompt) :], "b": problem.canonical_body}
@@ -219,6 +224,12 @@ async def _trajectory(ctx: SystemContext, plan: TrajectoryPlan, progress: Progre
     out.ended_s = _now(ctx)
     progress.advance(WORKLOAD)
     return out
+
+
+async def _create_env(ctx: SystemContext, plan: TrajectoryPlan, out: TrajectoryOutcome) -> Any:
+    env = await ctx.tg.create_env(memory=ctx.config.env_mem, trajectory_id=plan.trajectory_id)
+    out.env_start_s = _now(ctx) - out.started_s
+    return env
 
 
 async def _turn(

@@ -132,7 +132,7 @@ def _fitted(
     env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
     think_turn_s = config.think_mean_s(cores, turn_core_s)
     reward_s = [sum(a.result.exec_s for a in o.actions if a.category == "reward") for o in outcomes]
-    env_wait = [o.env_wait_s for o in outcomes]
+    env_start = [o.env_start_s for o in outcomes]
     mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {
         # sim.workloads.coding.CodingParams, by field name
@@ -152,8 +152,8 @@ def _fitted(
         "sigma": _log_sigma(t_ori),
         # the platform (sim.platform.Platform) and the cluster
         "action_overhead_s": _mean([a.result.overhead_s for a in actions if a.category == "env"]),
-        "env_start_min_s": min(env_wait, default=0.0),
-        "env_start_max_s": max(env_wait, default=0.0),
+        "env_start_min_s": min(env_start, default=0.0),
+        "env_start_max_s": max(env_start, default=0.0),
         "cores": cores,
         "gpu_devices": 1,
         "cluster": {"cpu_nodes": 1, "cores": cores, "mem_bytes": mem_bytes, "gpu_devices": 1},
