@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from arl_tangram.bench import gpu
+from arl_tangram.bench import gpu, gpu_stall
 
 
 def test_bench_prints_one_json_object_with_the_required_keys(
@@ -62,3 +62,11 @@ def test_bench_prints_one_json_object_with_the_required_keys(
     assert mopd["static_swap_ins"] == 0 and mopd["tangram_swap_ins"] > 0
     assert 0 < result["fragmentation_largest_free_extent_ratio"] <= 1
     assert result["loop_stall_p99_ms"] >= 0 and result["resident_call_slowdown_during_swaps"] > 0
+
+
+def test_stall_samples_are_classed_by_overlap_with_a_swap() -> None:
+    spans = [(1.0, 2.0), (3.0, 3.5)]
+    samples = [(0.0, 0.5), (0.9, 1.1), (1.2, 1.3), (1.99, 2.5), (2.1, 2.9), (3.4, 4.0), (5, 6)]
+    during, outside = gpu_stall._split(samples, spans)
+    assert len(during) == 4 and len(outside) == 3
+    assert sorted(outside) == pytest.approx([500.0, 800.0, 1000.0])
