@@ -9,8 +9,10 @@ checked against the ports of ``agent.ports``: the actor runs exactly what a loca
 caller could run, nothing else.
 
 Its managers die with it: ``close`` destroys every sandbox and model; a killed actor's CPU
-manager is cleaned by its keeper process (``managers.cpu.keeper``), whose cgroups are named
-after the actor's own process, so two agents on one host never sweep each other.
+manager is cleaned by its keeper process (``managers.cpu.keeper``), which Ray must be told
+to spare when the actor's process dies (``KEEP_CHILDREN_ENV``). Cgroups are named after the actor's own process and a
+start-up sweep touches only roots whose owner is dead, so two agents on one host never
+sweep each other.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ from arl_tangram.managers.cpu.config import CpuManagerConfig
 log = logging.getLogger(__name__)
 
 CONTROL_GROUP = "control"  # ping and cancel: never queued behind actions
+# Ray kills a worker's child processes when the worker exits; the CPU manager's keeper is
+# one, and must outlive a dead actor to kill its sandboxes and remove their cgroups. Start
+# the nodes with this in their environment, or give it to the agents as a runtime env
+# (``RaySettings.actor_runtime_env``: a fresh worker per agent, seconds more per join).
+KEEP_CHILDREN_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
 # Which methods each port forwards: the Protocols' own, less what the proxy answers from
 # the registration report (numa_cores, device_capacity_bytes) or the actor does itself (close).
 _FORWARDED = {

@@ -7,10 +7,9 @@ last), this process's connection to the cluster, and the environment it changed 
 Loopback only: Ray otherwise advertises the host's outward address.
 
 A killed node's agent leaves its sandboxes to its CPU manager's keeper, which kills them and
-removes their cgroups; on this host one cgroup v1 hierarchy (memory) can stay busy longer
-than the keeper retries, and a later sweep lists groups in another hierarchy only, so
-``remove_cgroup_leftovers`` removes the empty groups a killed agent left (a real node's go
-with the machine).
+removes their cgroups: the nodes are started with ``KEEP_CHILDREN_ENV`` so that Ray spares
+the keeper. ``remove_cgroup_leftovers`` removes what an agent killed without its keeper left
+(empty groups; a later sweep by another manager misses those of some hierarchies).
 """
 
 from __future__ import annotations
@@ -25,11 +24,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from arl_tangram.backends.ray.actor import KEEP_CHILDREN_ENV
+
 NODE_MEMORY_BYTES = 150 << 20  # each node's object store (Ray's minimum for tests)
 _ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    **KEEP_CHILDREN_ENV,  # the nodes' workers spare an agent's keeper (see backends.ray.actor)
 }
 
 
@@ -124,13 +126,7 @@ def remove_cgroup_leftovers(roots: Iterable[str], timeout_s: float = 15.0) -> li
     """Remove the cgroup dirs of the manager roots ``roots`` (``arl-tangram-<pid>-<hex>``,
     agents on killed nodes) in every hierarchy, deepest first, retrying while the kernel
     still holds one busy; a group with a task in it is left alone. Returns what remains."""
-    dirs: list[str] = []
-    for root in roots:
-        if not root.startswith("arl-tangram-"):
-            continue
-        for depth in range(1, 5):
-            for top in glob.glob("/sys/fs/cgroup/" + "*/" * depth + root):
-                dirs += [d for d, _, _ in os.walk(top)]
+    dirs = [d for top in cgroup_dirs(roots) for d, _, _ in os.walk(top)]
     deadline = time.monotonic() + timeout_s
     left = sorted(set(dirs), key=lambda d: -d.count("/"))
     while left and time.monotonic() < deadline:
@@ -138,6 +134,16 @@ def remove_cgroup_leftovers(roots: Iterable[str], timeout_s: float = 15.0) -> li
         if left:
             time.sleep(0.2)
     return left
+
+
+def cgroup_dirs(roots: Iterable[str]) -> list[str]:
+    """The top cgroup dirs of the manager roots ``roots``, in every hierarchy."""
+    found: list[str] = []
+    for root in roots:
+        if root.startswith("arl-tangram-"):
+            for depth in range(1, 5):
+                found += glob.glob("/sys/fs/cgroup/" + "*/" * depth + root)
+    return sorted(found)
 
 
 def _rmdir_empty(path: str) -> bool:

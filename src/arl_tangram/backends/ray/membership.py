@@ -49,6 +49,7 @@ class RaySettings:
     actor_threads: int = 64
     agent_start_timeout_s: float = 180.0
     retry_start_s: float = 10.0  # after an agent failed to start on a node
+    actor_runtime_env: dict[str, Any] | None = None  # e.g. {"env_vars": KEEP_CHILDREN_ENV}
     gpu: GpuSettings = field(default_factory=GpuSettings)
 
 
@@ -143,7 +144,7 @@ class RayMembership:
                 self._actor_cls = actor_class(self.settings.actor_threads)
             actor = self._actor_cls.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
-                num_gpus=num_gpus if gpu else 0,
+                num_gpus=num_gpus if gpu else 0, runtime_env=self.settings.actor_runtime_env,
             ).remote(agent_id, self.cpu_config if cpu else None, self.settings.gpu if gpu else None)  # fmt: skip
             report: NodeReport = await asyncio.wait_for(
                 actor.report.remote(), self.settings.agent_start_timeout_s
