@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from arl_tangram.agent.node import NodeAgent
-from arl_tangram.backends.ray.actor import GpuSettings
+from arl_tangram.backends.ray.actor import KEEP_CHILDREN_ENV, GpuSettings
 from arl_tangram.backends.ray.membership import RayMembership, RaySettings
 from arl_tangram.backends.ray.proxies import RayGpuProxy
 from arl_tangram.core.action import ServiceSpec
@@ -152,6 +152,7 @@ def _connect(address: str | None, settings: RaySettings) -> bool:
     if ray.is_initialized():
         return False
     if address is None and not os.environ.get("RAY_ADDRESS"):
+        os.environ.update(KEEP_CHILDREN_ENV)  # the local node's workers spare the keepers
         ray.init(resources={settings.resource: 1}, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
