@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from arl_tangram import __version__
-from arl_tangram.api.auth import State, Tenant, api_state
+from arl_tangram.api.auth import State, Tenant
 from arl_tangram.api.metrics import CONTENT_TYPE, take_snapshot
 from arl_tangram.api.schemas import ERROR_RESPONSES, Health, StatusView
 
@@ -17,7 +17,7 @@ router = APIRouter(tags=["service"])
 @router.get("/v1/health", response_model=Health)
 async def health(request: Request) -> dict[str, Any]:
     """Liveness: answers while the server runs (``closing`` once shutdown began)."""
-    return {"status": "closing" if api_state(request).closing else "ok", "version": __version__}
+    return {"status": "closing" if request.app.state.api.closing else "ok", "version": __version__}
 
 
 @router.get("/v1/status", response_model=StatusView, responses=ERROR_RESPONSES)
