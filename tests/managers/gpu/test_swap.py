@@ -177,4 +177,7 @@ def test_runs_are_counted_on_their_devices_and_swap_copies_wait_for_them(
     runner.join(5)
     assert [a.num_runs for a in manager._arenas] == [0, 0]
     paused = [d["copy_paused_s"] for d in manager.status()["devices"]]
-    assert paused[0] >= 0.005 and paused[1] == 0.0, paused
+    if manager.devices[0].kind == "cuda":  # the copy engine works beside compute: no yield
+        assert paused == [0.0, 0.0], paused
+    else:
+        assert paused[0] >= 0.005 and paused[1] == 0.0, paused
