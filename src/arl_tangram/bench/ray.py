@@ -39,11 +39,10 @@ from arl_tangram.agent.node import NodeAgent
 from arl_tangram.client.client import AsyncClient
 from arl_tangram.client.transport import InProcessTransport
 from arl_tangram.core.scheduler import Scheduler
-from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.runtime.actions import ActionResult
-from arl_tangram.runtime.config import GpuConfig, ServiceConfig, TangramConfig, quota_pools
+from arl_tangram.runtime.config import GpuConfig, ServiceConfig, TangramConfig
 from arl_tangram.runtime.controller import Controller
-from arl_tangram.runtime.embedded import EmbeddedRuntime
+from arl_tangram.runtime.embedded import EmbeddedRuntime, cluster_spec
 
 SANDBOX = {"arl_tangram": 1.0}
 MODEL = {"arl_tangram_gpu": 1.0}
@@ -52,11 +51,14 @@ TARGETS = {"dispatch_overhead_p50_ms": 3.0, "node_loss_detect_s": 5.0}
 
 
 def controller_factory(config: TangramConfig) -> Callable[[Sequence[NodeAgent]], Controller]:
-    """The controller the Ray runtime runs: the config's policy and quota pools, as embedded."""
+    """The controller the Ray runtime runs, made as the embedded runtime makes its own: the
+    config's policy, quota pools, tenant weights and limits, and service settings."""
 
     def make(agents: Sequence[NodeAgent]) -> Controller:
-        cluster = ClusterSpec(quota_pools=quota_pools(config))
-        return Controller(Scheduler(config.scheduler.make_policy()), agents, cluster=cluster)
+        return Controller(
+            Scheduler(config.scheduler.make_policy()), agents, cluster=cluster_spec(config),
+            settings=config.service, tenants=config.tenants,
+        )  # fmt: skip
 
     return make
 

@@ -12,7 +12,7 @@ transport and the HTTP API serve it unchanged.
 The dependency direction is ``runtime -> backends``: this module never imports ``runtime``.
 ``config`` is a ``runtime.config.TangramConfig`` read by attribute; the controller is made
 by the caller's ``make_controller(agents)`` (a ``runtime.controller.Controller`` over the
-agents, with the config's scheduler and quota pools), as the wiring in ``runtime`` does.
+agents, made as ``runtime.embedded`` makes its own), as the wiring in ``runtime`` does.
 
 The API-quota manager stays here, beside the controller, not on the nodes: quotas and key
 pools are cluster-wide (a copy per node would multiply them) and outbound HTTP has no
@@ -139,6 +139,7 @@ async def start_ray_runtime(
         )
         for service in config.services:
             await runtime.register_service(service)
+        controller.resume()  # the journal's unfinished actions, now their services exist
     except BaseException:
         await runtime.aclose()
         raise
