@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from arl_tangram.managers.cpu.cgroups_v1 import CgroupV1Driver
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.errors import InvalidRequestError
 from arl_tangram.managers.cpu.manager import CpuManager
@@ -51,3 +52,25 @@ def test_config_validation_names_fields() -> None:
         SandboxSpec(mem_bytes=-1)
     with pytest.raises(InvalidRequestError, match="config.pool_size"):
         CpuManagerConfig(pool_size=-3)
+
+
+@needs_root
+def test_a_half_removed_root_is_still_swept_whole() -> None:
+    """A dead manager's root left only in some hierarchies (freezer already gone) is found
+    and removed by the sweep, instead of pinning its busy root for every later start."""
+    from arl_tangram.managers.cpu.cgroup_detect import detect_driver
+    from arl_tangram.managers.cpu.keeper import sweep_root
+
+    driver = detect_driver(f"arl-tangram-{os.getpid()}-halfgone")
+    if not isinstance(driver, CgroupV1Driver):
+        pytest.skip("the half-removed case is a cgroup v1 one (one tree per controller)")
+    driver.create_root()
+    driver.create_sandbox("sb-half", 64 << 20, 64, [0])
+    freezer = driver._path("freezer", "sb-half")
+    for child in os.scandir(freezer):
+        if child.is_dir():
+            os.rmdir(child.path)
+    os.rmdir(freezer)
+    assert driver.list_sandboxes() == ["sb-half"]
+    assert sweep_root(driver) == []
+    assert not driver.root_exists()

@@ -124,10 +124,14 @@ class CgroupV1Driver:
         return sorted(names)
 
     def list_sandboxes(self) -> list[str]:
-        """Sandbox group names under this root (for a sweep of a dead manager's groups)."""
-        with contextlib.suppress(FileNotFoundError):
-            return sorted(e.name for e in os.scandir(self._dirs["freezer"]) if e.is_dir() and e.name.startswith("sb-"))
-        return []
+        """Sandbox group names under this root in any hierarchy (for a sweep of a dead
+        manager's groups): a root half removed (say, left only in ``memory``) must still be
+        found, or every later sweep waits on its busy root and fails again."""
+        names: set[str] = set()
+        for c in self._unique(V1_CONTROLLERS):
+            with contextlib.suppress(FileNotFoundError):
+                names.update(e.name for e in os.scandir(self._dirs[c]) if e.is_dir() and e.name.startswith("sb-"))
+        return sorted(names)
 
     def root_exists(self) -> bool:
         return any(os.path.isdir(self._dirs[c]) for c in self._unique(V1_CONTROLLERS))
