@@ -42,7 +42,7 @@ def cluster() -> Any:
 async def _start(cluster: Any) -> Any:
     from arl_tangram.backends.ray.membership import RaySettings
     from arl_tangram.backends.ray.runtime import start_ray_runtime
-    from arl_tangram.bench.ray import controller_factory
+    from arl_tangram.runtime.ray import controller_factory
 
     config = TangramConfig()
     settings = RaySettings(heartbeat_s=0.25, loss_after_s=2.0, join_poll_s=0.5)
@@ -199,7 +199,7 @@ def test_a_model_node_serves_its_service(cluster: Any) -> None:
     from arl_tangram.backends.ray.actor import GpuSettings
     from arl_tangram.backends.ray.membership import RaySettings
     from arl_tangram.backends.ray.runtime import start_ray_runtime
-    from arl_tangram.bench.ray import controller_factory
+    from arl_tangram.runtime.ray import controller_factory
     from arl_tangram.managers.gpu.models import minilm_path
     from arl_tangram.runtime.config import ServiceConfig
 

@@ -31,36 +31,21 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from arl_tangram.agent.node import NodeAgent
 from arl_tangram.client.client import AsyncClient
 from arl_tangram.client.transport import InProcessTransport
-from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.runtime.actions import ActionResult
 from arl_tangram.runtime.config import GpuConfig, ServiceConfig, TangramConfig
-from arl_tangram.runtime.controller import Controller
-from arl_tangram.runtime.embedded import EmbeddedRuntime, cluster_spec
+from arl_tangram.runtime.embedded import EmbeddedRuntime
+from arl_tangram.runtime.ray import controller_factory
 
 SANDBOX = {"arl_tangram": 1.0}
 MODEL = {"arl_tangram_gpu": 1.0}
 REWARD = "reward/minilm"
 TARGETS = {"dispatch_overhead_p50_ms": 3.0, "node_loss_detect_s": 5.0}
-
-
-def controller_factory(config: TangramConfig) -> Callable[[Sequence[NodeAgent]], Controller]:
-    """The controller the Ray runtime runs, made as the embedded runtime makes its own: the
-    config's policy, quota pools, tenant weights and limits, and service settings."""
-
-    def make(agents: Sequence[NodeAgent]) -> Controller:
-        return Controller(
-            Scheduler(config.scheduler.make_policy()), agents, cluster=cluster_spec(config),
-            settings=config.service, tenants=config.tenants,
-        )  # fmt: skip
-
-    return make
 
 
 @dataclass

@@ -13,7 +13,6 @@ Tenant weights (``[tenants.*] weight``) go to the core's fair share through the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib
 import logging
 from pathlib import Path
@@ -104,12 +103,10 @@ class EmbeddedRuntime:
 
 
 def cluster_spec(config: TangramConfig) -> ClusterSpec:
-    """The core's initial cluster: one quota pool per provider and, when the core knows
-    tenant weights, each configured tenant's fair-share weight."""
-    extra: dict[str, Any] = {}
-    if "tenant_weights" in {f.name for f in dataclasses.fields(ClusterSpec)}:
-        extra["tenant_weights"] = {name: t.weight for name, t in sorted(config.tenants.items())}
-    return ClusterSpec(quota_pools=quota_pools(config), **extra)
+    """The core's initial cluster: one quota pool per provider and each configured tenant's
+    fair-share weight (nodes join as their agents do)."""
+    weights = {name: t.weight for name, t in sorted(config.tenants.items())}
+    return ClusterSpec(quota_pools=quota_pools(config), tenant_weights=weights)
 
 
 def _check_fits(gpu: Any, service: ServiceConfig) -> None:
