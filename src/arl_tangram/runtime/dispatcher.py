@@ -138,11 +138,11 @@ class LiveExecutor(Executor):
 
     async def _destroy_env(self, d: ReleaseEnv) -> None:
         cpu = self._agent(d.node_id or "").cpu
-        if cpu is None or d.env_id not in await self.blocking(cpu.list_sandboxes):
-            return  # never created, or already gone with a failure
         try:
+            if cpu is None or d.env_id not in await self.blocking(cpu.list_sandboxes):
+                return  # never created, or already gone with a failure
             await self.blocking(cpu.destroy_sandbox, d.env_id)
-        except Exception:
+        except Exception:  # a lost node, a manager closing: logged, the release stands
             log.exception("destroying env %s failed", d.env_id)
 
     # -- replicas -----------------------------------------------------------------------
