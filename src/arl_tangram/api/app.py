@@ -75,7 +75,8 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )  # fmt: skip
     errors.install(app)
-    document_bearer(app)
+    action_schema = routes_actions.ACTION_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
+    document_bearer(app, {"ActionCreate": action_schema})
     for module in (routes_envs, routes_actions, routes_services, routes_system):
         app.include_router(module.router)
     return app

@@ -20,15 +20,22 @@ from arl_tangram.api.state import DEFAULT_TENANT, ApiState, check_tenant_name
 BEARER_SCHEME = {"type": "http", "scheme": "bearer", "description": "an API token; required once tokens are configured"}
 
 
-def document_bearer(app: FastAPI) -> None:
+def document_bearer(app: FastAPI, extra_schemas: Mapping[str, Any] | None = None) -> None:
     """Declare the bearer scheme in the app's OpenAPI schema (optional: a server without
-    tokens takes calls without one)."""
+    tokens takes calls without one), and ``extra_schemas`` (name -> JSON schema with
+    ``$defs``) that routes reading their own input refer to."""
     original = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = original()
-            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = BEARER_SCHEME
+            components = schema.setdefault("components", {})
+            components.setdefault("securitySchemes", {})["bearer"] = BEARER_SCHEME
+            schemas = components.setdefault("schemas", {})
+            for name, extra in (extra_schemas or {}).items():
+                extra = dict(extra)
+                schemas.update(extra.pop("$defs", {}))
+                schemas[name] = extra
             schema["security"] = [{"bearer": []}, {}]
             app.openapi_schema = schema
         return app.openapi_schema

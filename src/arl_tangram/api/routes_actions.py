@@ -17,10 +17,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from pydantic import TypeAdapter, ValidationError
 
-from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.auth import State, Tenant, tenant_of
 from arl_tangram.api.build import INTERPRETERS, build
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
@@ -94,15 +96,58 @@ async def _wait(state: ApiState, record: ActionRecord, timeout_s: float) -> None
 WaitS = Annotated[float, Query(ge=0.0, le=MAX_WAIT_S, description="wait up to this long for the result")]
 
 
-@router.post("", response_model=ActionView, status_code=201, responses=ERROR_RESPONSES)
-async def submit_action(
-    state: State, tenant: Tenant, body: Annotated[ActionCreate, Body()], wait_s: WaitS = 0.0,
-    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
-    x_request_id: Annotated[str | None, Header(max_length=128)] = None,
-) -> Response:  # fmt: skip
+#: ``submit_action`` reads its inputs itself (it is the hot path: FastAPI's parameter and
+#: dependency machinery cost more than the rest of a no-resource action); this documents them.
+SUBMIT_DOC: dict[str, Any] = {
+    "parameters": [
+        {"name": "wait_s", "in": "query", "required": False, "description": "wait up to this long for the result",
+         "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0}},
+        {"name": "idempotency-key", "in": "header", "required": False, "description": "a retried POST with it runs once",
+         "schema": {"type": "string", "maxLength": 128}},
+        {"name": "x-request-id", "in": "header", "required": False, "description": "the same, when no Idempotency-Key",
+         "schema": {"type": "string", "maxLength": 128}},
+    ],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ActionCreate"}}}},
+}  # fmt: skip
+ACTION_ADAPTER: TypeAdapter[Any] = TypeAdapter(ActionCreate)
+
+
+def _body(raw: bytes) -> Any:
+    try:
+        return ACTION_ADAPTER.validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+def _wait_s(request: Request) -> float:
+    given = request.query_params.get("wait_s")
+    try:
+        wait_s = float(given) if given is not None else 0.0
+    except ValueError:
+        wait_s = -1.0
+    if not 0.0 <= wait_s <= MAX_WAIT_S:  # NaN fails this too
+        raise SpecError("wait_s", f"must be a number in [0, {MAX_WAIT_S:g}]", given)
+    return wait_s
+
+
+def _request_id(request: Request) -> str | None:
+    for name in ("idempotency-key", "x-request-id"):
+        value = request.headers.get(name)
+        if value is not None:
+            if len(value) > 128:
+                raise SpecError(name, "must be at most 128 characters", value[:32])
+            return value
+    return None
+
+
+@router.post("", response_model=ActionView, status_code=201, responses=ERROR_RESPONSES, openapi_extra=SUBMIT_DOC)
+async def submit_action(request: Request) -> Response:
     """Submit one action; with ``wait_s`` the answer waits for its result (submit-and-wait)."""
+    state: ApiState = request.app.state.api
+    tenant = await tenant_of(request)
+    wait_s, request_id = _wait_s(request), _request_id(request)
+    body = _body(await request.body())
     spec, payload, external_id = build(state, tenant, body)
-    request_id = idempotency_key or x_request_id
     try:
         record = state.submit(spec, payload, request_id)
     except SpecError as exc:
@@ -113,7 +158,7 @@ async def submit_action(
         record.extra["type"] = body.type
         record.extra["kind"] = body.service if isinstance(body, ServiceAction) else spec.kind
         state.metrics.submitted_one(body.type, tenant)
-    if getattr(state.controller, "journal", None) is not None:
+    if state.controller.journal is not None:
         await state.controller.flush_journal()  # a 201 means it survives a restart
     await _wait(state, record, wait_s)
     return json_response(view(state, tenant, record), 201)
