@@ -50,7 +50,7 @@ from arl_tangram.managers.gpu.errors import (
 from arl_tangram.managers.gpu.execution import run_items
 from arl_tangram.managers.gpu.handlers import HANDLERS
 from arl_tangram.managers.gpu.relocation import Relocator
-from arl_tangram.managers.gpu.replica import Replica, ReplicaState
+from arl_tangram.managers.gpu.replica import Replica, ReplicaState, prune_tombstones
 from arl_tangram.managers.gpu.routing import device_context
 from arl_tangram.managers.gpu.service import LoadedModel, ModelService, ServiceInfo, as_loaded
 from arl_tangram.managers.gpu.status import check_extents, manager_status
@@ -106,7 +106,7 @@ class GpuManager:
             self.config.num_async_threads, thread_name_prefix="arl-tangram-gpu"
         )
         self._relocator = Relocator(
-            self._arenas, self._lock, self._closed, self.config.wait_timeout_s
+            self._arenas, self._replicas, self._lock, self._closed, self.config.wait_timeout_s
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -290,12 +290,12 @@ class GpuManager:
                     )
                 self._replicas.pop(replica_id, None)
                 self._replicas[replica_id] = replica
-                self._prune_tombstones()
+                prune_tombstones(self._replicas, _MAX_TOMBSTONES)
             try:
                 deadline = time.monotonic() + self.config.wait_timeout_s
                 for i, shard in enumerate(shards):
                     replica.extents[i] = self._relocator.reserve(
-                        replica, replica.devices[i], shard.nbytes, deadline, self._movable
+                        replica, replica.devices[i], shard.nbytes, deadline
                     )
                 started = time.perf_counter()
                 replica.materialise(self._arenas)  # the heavy copy: no manager lock held
@@ -330,18 +330,6 @@ class GpuManager:
             raise InvalidRequestError("devices", f"must not repeat a device, got {indices!r}")
         return indices
 
-    def _movable(self, device: int) -> dict[int, tuple[Replica, int]]:
-        """Extent offset -> (replica, shard) of resident replicas on ``device``. Lock held."""
-        found: dict[int, tuple[Replica, int]] = {}
-        for replica in self._replicas.values():
-            if replica.state is ReplicaState.RESIDENT:
-                for shard, (d, extent) in enumerate(
-                    zip(replica.devices, replica.extents, strict=True)
-                ):
-                    if d == device and extent is not None:
-                        found[extent.offset_bytes] = (replica, shard)
-        return found
-
     def evict(self, replica_id: str) -> None:
         """Release exactly this replica's device memory once its in-flight runs finished.
 
@@ -371,22 +359,11 @@ class GpuManager:
                 self._arenas[device].extents.free(extent.offset_bytes)
                 replica.extents[i] = None
 
-    def _prune_tombstones(self) -> None:
-        ended = [
-            rid
-            for rid, r in self._replicas.items()
-            if r.state in (ReplicaState.EVICTED, ReplicaState.FAILED)
-        ]
-        for rid in ended[: max(0, len(ended) - _MAX_TOMBSTONES)]:
-            del self._replicas[rid]
-
     def compact(self, device: int) -> int:
         """Slide every idle replica on ``device`` down now; returns the bytes moved."""
         with self._op():
             self._check_devices([device])
-            return self._relocator.compact(
-                device, time.monotonic() + self.config.wait_timeout_s, self._movable
-            )
+            return self._relocator.compact(device, time.monotonic() + self.config.wait_timeout_s)
 
     # -- runs ----------------------------------------------------------------------------
     def run(self, replica_id: str, request: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from arl_tangram.managers.gpu.arena import DeviceArena
@@ -30,27 +30,40 @@ from arl_tangram.managers.gpu.extents import Extent
 if TYPE_CHECKING:
     from arl_tangram.managers.gpu.replica import Replica
 
-MovableFn = Callable[[int], "dict[int, tuple[Replica, int]]"]
+
+def movable_on(replicas: Mapping[str, Replica], device: int) -> dict[int, tuple[Replica, int]]:
+    """Extent offset -> (replica, shard) of the resident replicas on ``device`` (lock held):
+    what compaction may move now."""
+    from arl_tangram.managers.gpu.replica import ReplicaState
+
+    found: dict[int, tuple[Replica, int]] = {}
+    for replica in replicas.values():
+        if replica.state is ReplicaState.RESIDENT:
+            for shard, (d, extent) in enumerate(zip(replica.devices, replica.extents, strict=True)):
+                if d == device and extent is not None:
+                    found[extent.offset_bytes] = (replica, shard)
+    return found
 
 
 class Relocator:
-    """Reservations and moves on the arenas; shares the manager's lock and closed flag."""
+    """Reservations and moves on the arenas; shares the manager's replica table, lock and
+    closed flag (the table is read only with the lock held)."""
 
     def __init__(
         self,
         arenas: list[DeviceArena],
+        replicas: Mapping[str, Replica],
         lock: threading.Condition,
         closed: threading.Event,
         wait_timeout_s: float,
     ) -> None:
         self._arenas = arenas
+        self._replicas = replicas
         self._lock = lock
         self._closed = closed
         self._wait_timeout_s = wait_timeout_s
 
-    def reserve(
-        self, replica: Replica, device: int, nbytes: int, deadline: float, movable: MovableFn
-    ) -> Extent:
+    def reserve(self, replica: Replica, device: int, nbytes: int, deadline: float) -> Extent:
         """An extent of ``nbytes`` on ``device`` for ``replica``, compacting as needed."""
         arena = self._arenas[device]
         while True:
@@ -64,7 +77,7 @@ class Relocator:
                     raise InsufficientDeviceMemoryError(
                         arena.spec.device_id, need, arena.extents.free_bytes, replica.replica_id
                     )
-                planned = self._begin_move(device, movable)
+                planned = self._begin_move(device)
                 if planned is None:  # only extents that cannot move now: loads still copying
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -76,14 +89,14 @@ class Relocator:
                     continue
             self._finish_move(device, *planned, deadline)
 
-    def compact(self, device: int, deadline: float, movable: MovableFn) -> int:
+    def compact(self, device: int, deadline: float) -> int:
         """Slide every movable extent of ``device`` down; returns the bytes moved."""
         moved = 0
         while True:
             with self._lock:
                 if self._closed.is_set():
                     raise CallCancelledError("the GPU manager closed during compaction")
-                planned = self._begin_move(device, movable)
+                planned = self._begin_move(device)
             if planned is None:
                 return moved
             self._finish_move(device, *planned, deadline)
@@ -95,11 +108,11 @@ class Relocator:
                 f"replica {replica.replica_id!r}: the GPU manager closed during load"
             )
 
-    def _begin_move(self, device: int, movable: MovableFn) -> tuple[Replica, int, Move] | None:
+    def _begin_move(self, device: int) -> tuple[Replica, int, Move] | None:
         """Reserve the next move (lock held): the owner goes MOVING, its extent covers the hole."""
         from arl_tangram.managers.gpu.replica import ReplicaState
 
-        owners = movable(device)
+        owners = movable_on(self._replicas, device)
         move = next_move(self._arenas[device].extents, owners)
         if move is None:
             return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -279,3 +280,13 @@ class Replica:
             skeleton.unbind()  # let go of the arena now, not at a later GC pass
         self.model = None
         self._arenas = []
+
+
+def prune_tombstones(replicas: MutableMapping[str, Replica], keep: int) -> None:
+    """Forget all but the newest ``keep`` evicted or failed replicas (manager lock held); they
+    are remembered only so that runs on their ids get a clear error."""
+    ended = [
+        rid for rid, r in replicas.items() if r.state in (ReplicaState.EVICTED, ReplicaState.FAILED)
+    ]
+    for rid in ended[: max(0, len(ended) - keep)]:
+        del replicas[rid]
