@@ -166,7 +166,8 @@ def _node_cap(ed: StateEditor, present: Sequence[QueuedAction], node_id: str, fl
         if qa.spec.key is ResourceKind.CPU:
             present_elastic += 1
         else:
-            present_commands.append((qa.spec.demand_min.cpu_millicores / MILLICORES_PER_CORE, ledger.estimated_t_ori(ed, qa)))
+            present_commands.append((ledger.estimated_t_ori(ed, qa), qa.spec.demand_min.cpu_millicores / MILLICORES_PER_CORE))
+    commands_core_s = _CommandsCoreS(present_commands)
     share = flows.elastic_share
     cap = 1
     for m, horizon in enumerate(flows.elastic_s, start=1):
@@ -176,7 +177,7 @@ def _node_cap(ed: StateEditor, present: Sequence[QueuedAction], node_id: str, fl
         elastic_arrivals += ARRIVAL_Z * math.sqrt(elastic_arrivals)
         demanded = (
             present_elastic * m * horizon
-            + _commands_core_s(present_commands, horizon)
+            + commands_core_s.within(horizon)
             + elastic_arrivals * m * horizon / 2.0
             + arrivals_per_s * (1.0 - share) * horizon * flows.command_core_s
         )
@@ -186,8 +187,23 @@ def _node_cap(ed: StateEditor, present: Sequence[QueuedAction], node_id: str, fl
     return cap
 
 
-def _commands_core_s(commands: Sequence[tuple[float, float]], horizon: float) -> float:
-    return sum(c * min(d, horizon) for c, d in commands)
+class _CommandsCoreS:
+    """``Σ cores · min(duration, H)`` over the commands present, in O(log n) per horizon
+    (a wake-up plans every node, each over up to 32 horizons)."""
+
+    def __init__(self, commands: list[tuple[float, float]]) -> None:
+        commands.sort()
+        self.durations = [d for d, _ in commands]
+        self.core_s = [0.0]  # prefix Σ cores · duration
+        self.cores_after = [0.0] * (len(commands) + 1)  # suffix Σ cores
+        for d, c in commands:
+            self.core_s.append(self.core_s[-1] + c * d)
+        for i in range(len(commands) - 1, -1, -1):
+            self.cores_after[i] = self.cores_after[i + 1] + commands[i][1]
+
+    def within(self, horizon: float) -> float:
+        j = bisect.bisect_right(self.durations, horizon)  # these end within the horizon
+        return self.core_s[j] + self.cores_after[j] * horizon
 
 
 def knee(elasticity: ElasticityModel, dop_min: int, dop_max: int) -> int:
