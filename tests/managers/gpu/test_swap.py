@@ -1,11 +1,13 @@
 """A swap-in is the copy of host bytes plus pointer rebinding: the module tree is built once per
 service and reused; replicas live at once never share a module or storage; eviction frees
 exactly the extent; close forgets the pooled trees (they alias arena bytes). On CPU devices a
-copy yields to forward passes running on its device, for a bounded time."""
+copy yields to forward passes running on its device, for a bounded time, on a copy thread of
+lower CPU priority."""
 
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +19,7 @@ import torch
 
 from arl_tangram.managers.gpu import GpuManager, LoadedModel, cpu_devices
 from arl_tangram.managers.gpu.arena import DeviceArena
+from arl_tangram.managers.gpu.copier import Copier
 from tests.managers.gpu.builders import SlowLM, blob
 
 TOKENS = [5, 17, 300, 1024, 7, 7, 2048, 4000, 12, 99]
@@ -181,3 +184,41 @@ def test_runs_are_counted_on_their_devices_and_swap_copies_wait_for_them(
         assert paused == [0.0, 0.0], paused
     else:
         assert paused[0] >= 0.005 and paused[1] == 0.0, paused
+
+
+def test_cpu_copies_run_on_a_device_thread_of_lower_priority() -> None:
+    arena = _cpu_arena(copy_nice=5)
+    threads: list[int] = []
+    real = arena._copy_sliced
+
+    def recording(pieces: Any) -> None:
+        threads.append(threading.get_native_id())
+        real(pieces)
+
+    arena._copy_sliced = recording  # type: ignore[method-assign]
+    source = torch.arange(1 << 20, dtype=torch.int32).view(torch.uint8)
+    arena.copy_in(0, source)
+    arena.move_down(1 << 20, 0, 1 << 20)
+    assert arena.copier is not None and threads == [arena.copier.native_id] * 2
+    assert threading.get_native_id() not in threads
+    caller_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert os.getpriority(os.PRIO_PROCESS, threads[0]) == min(19, caller_nice + 5)
+    arena.close()
+    inline = _cpu_arena(copy_nice=0)
+    assert inline.copier is None
+    inline.copy_in(0, source)
+    assert torch.equal(inline.bytes_view(0, source.numel()), source)
+
+
+def test_copier_hands_back_errors_and_runs_inline_after_close() -> None:
+    copier = Copier("test-copier", 3)
+
+    def broken() -> None:
+        raise ValueError("copy failed")
+
+    with pytest.raises(ValueError, match="copy failed"):
+        copier.run(broken)
+    assert copier.run(lambda: 7) == 7
+    copier.close()
+    copier.close()  # idempotent
+    assert copier.run(threading.get_native_id) == threading.get_native_id()  # inline now

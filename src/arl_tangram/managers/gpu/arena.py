@@ -7,23 +7,26 @@ calls it under its lock); this module turns ``(offset, dtype, shape)`` into view
 bytes in (host -> arena) and down (arena -> arena, for compaction). The copy methods touch
 only bytes their caller reserved, so they run without any lock.
 
-Copies and forward passes share a CPU device's cores and memory bus. There a copy runs in
-slices, and before each slice it yields to forward passes running on the device (replicas
-count them: ``run_started``/``run_ended``), for at most as long as it has copied so far: a
-resident replica's calls keep their latency during swaps, and a swap under back-to-back
-runs takes at most about twice its copy time. (torch's ``copy_`` releases the GIL, so the
-slices are not there for the GIL.) On CUDA the copy runs on the copy engine, beside
-compute; the waiting thread sleeps on a blocking event instead of spinning on a core.
+Copies and forward passes share a CPU device's cores and memory bus. There a copy runs on
+the device's copy thread at a lower CPU priority (``copier.py``), in slices, and before each
+slice it yields to forward passes running on the device (replicas count them:
+``run_started``/``run_ended``), for at most as long as it has copied so far: a resident
+replica's calls keep their latency during swaps, and a swap under back-to-back runs takes at
+most about twice its copy time. (torch's ``copy_`` releases the GIL, so the slices are not
+there for the GIL.) On CUDA the copy runs on the copy engine, beside compute; the waiting
+thread sleeps on a blocking event instead of spinning on a core.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from arl_tangram.managers.gpu.copier import Copier
 from arl_tangram.managers.gpu.devices import DeviceSpec
 from arl_tangram.managers.gpu.extents import ExtentModel
 
@@ -34,7 +37,9 @@ class DeviceArena:
     """The arena of one device and its extent accounting.
 
     ``copy_slice_bytes``: slice of a copy on a CPU device; ``yield_to_runs``: whether copies
-    wait for forward passes on this device (``None``: on CPU devices only).
+    wait for forward passes on this device (``None``: on CPU devices only); ``copy_nice``:
+    how much lower the CPU priority of a CPU device's copy thread is (0: copies run in the
+    caller's thread).
     """
 
     def __init__(
@@ -43,6 +48,7 @@ class DeviceArena:
         granule_bytes: int,
         copy_slice_bytes: int = 32 << 20,
         yield_to_runs: bool | None = None,
+        copy_nice: int = 10,
     ) -> None:
         self.spec = spec
         self.device = torch.device(spec.torch_device)
@@ -58,6 +64,11 @@ class DeviceArena:
         self._runs = threading.Condition()
         self.num_runs = 0  # forward passes in flight on this device
         self.copy_paused_s = 0.0  # time copies spent waiting for runs (status; approximate)
+        self.copier = (
+            Copier(f"arl-tangram-copy-{spec.device_id}", copy_nice)
+            if spec.kind == "cpu" and copy_nice > 0
+            else None
+        )
         # Compaction counters (reported by ``GpuManager.status``), updated under the manager lock.
         self.num_relocations = 0
         self.relocated_bytes = 0
@@ -100,7 +111,7 @@ class DeviceArena:
             return
         target = self.bytes_view(offset_bytes, source.numel())
         if self.copy_stream is None:
-            self._copy_sliced([(target, source)])
+            self._on_copier(lambda: self._copy_sliced([(target, source)]))
             return
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
@@ -125,13 +136,19 @@ class DeviceArena:
         ]
         stream = self.copy_stream
         if stream is None:
-            self._copy_sliced(pieces)
+            self._on_copier(lambda: self._copy_sliced(pieces))
             return
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for target, source in pieces:
                 target.copy_(source, non_blocking=True)
         self._wait_copy_stream()
+
+    def _on_copier(self, copy: Callable[[], None]) -> None:
+        if self.copier is None:
+            copy()
+        else:
+            self.copier.run(copy)
 
     def _copy_sliced(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """CPU device: copy ``(target, source)`` pieces in order, in slices, yielding to runs."""
@@ -166,7 +183,11 @@ class DeviceArena:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        """Drop the arena tensor; on CUDA its memory goes back to the driver (empty_cache)."""
+        """Stop the copy thread, drop the arena tensor; on CUDA its memory goes back to the
+        driver (empty_cache). A copy still running keeps its views (and so the memory) alive
+        until it ends."""
+        if self.copier is not None:
+            self.copier.close(timeout_s=0.0)
         self.synchronize()
         self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         if self.is_cuda:

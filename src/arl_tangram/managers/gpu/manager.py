@@ -73,6 +73,7 @@ class GpuManagerConfig:
     torch_num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     copy_slice_bytes: int = 32 << 20  # CPU devices: a copy yields to runs between slices
     copy_yields_to_runs: bool | None = None  # None: on CPU devices only (``arena.py``)
+    copy_nice: int = 10  # CPU devices: copy thread's nice above the caller's (``copier.py``)
 
 
 class GpuManager:
@@ -92,7 +93,11 @@ class GpuManager:
         granule = self.config.granule_bytes or ((2 << 20) if on_cuda else (64 << 10))
         self._arenas = [
             DeviceArena(
-                spec, granule, self.config.copy_slice_bytes, self.config.copy_yields_to_runs
+                spec,
+                granule,
+                self.config.copy_slice_bytes,
+                self.config.copy_yields_to_runs,
+                self.config.copy_nice,
             )
             for spec in self.devices
         ]
