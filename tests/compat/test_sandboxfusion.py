@@ -137,3 +137,21 @@ def test_a_sandbox_is_reset_and_reused(server: ServerThread) -> None:
         assert r["run_result"]["stdout"] == "[]\n", r  # nothing of an earlier run is left
         time.sleep(0.3)  # the reset runs after the answer, off the caller's path
     assert len(pool_envs()) <= max(1, len(before))  # reused, not one new sandbox per call
+
+
+def test_a_burst_beyond_the_nodes_memory_waits_for_sandboxes_and_evicts_idle_ones() -> None:
+    needs_sandbox_host()
+    with serve_compat() as s:
+        node_mb = s.app.state.api.max_env_mem_bytes() >> 20
+        third = {"code": "import time; time.sleep(0.2); print('ok')", "memory_limit_MB": node_mb // 3 - 64}
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                return await asyncio.gather(*(client.post(f"{s.url}/run_code", json=third) for _ in range(8)))
+
+        t0 = time.monotonic()
+        assert [r.json()["run_result"]["stdout"] for r in asyncio.run(burst())] == ["ok\n"] * 8
+        assert time.monotonic() - t0 < 30  # at most 3 sandboxes fit: the rest waited for them, none hung
+        time.sleep(0.5)  # their resets end: up to 3 idle sandboxes hold the memory now
+        big = httpx.post(f"{s.url}/run_code", json={"code": "print('big')", "memory_limit_MB": node_mb * 2 // 3}, timeout=60)
+        assert big.json()["run_result"]["stdout"] == "big\n"  # idle sandboxes of another size were evicted

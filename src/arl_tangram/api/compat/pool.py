@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,14 +63,24 @@ async def run_env_action(state: ApiState, tenant: str, env_id: str, kind: str, p
 
 @dataclass
 class _Bucket:
-    """The envs of one (tenant, mem_bytes): ``idle`` ready to borrow, ``slots`` bounding all."""
+    """The envs of one (tenant, mem_bytes): ``idle`` ready to borrow, ``live`` counting all
+    (idle, borrowed, resetting, being created); ``changed`` wakes borrowers waiting."""
 
-    slots: asyncio.Semaphore
+    changed: asyncio.Condition
     idle: list[str] = field(default_factory=list)
+    live: int = 0
+    used_s: float = 0.0  # last borrow or return, for evicting the least recently used idle env
 
 
 class CodeEnvPool:
-    """Borrow (``acquire``) and give back (``release``) warm envs; ``aclose`` releases all."""
+    """Borrow (``acquire``) and give back (``release``) warm envs; ``aclose`` releases all.
+
+    A new env is created only while the nodes have the memory for it (counting every env
+    the controller holds), after evicting idle envs of other buckets, least recently used
+    first; otherwise a borrower waits for one of its bucket's envs to come back. A bucket
+    with no env at all creates one anyway (the controller queues it until memory frees);
+    while such a creation waits, envs that come back are released instead of kept idle, so
+    the pool never holds the memory it is waiting for."""
 
     def __init__(self, state: ApiState, *, max_envs: int, max_idle: int, acquire_timeout_s: float) -> None:
         self.state = state
@@ -78,12 +89,14 @@ class CodeEnvPool:
         self.acquire_timeout_s = acquire_timeout_s
         self.buckets: dict[tuple[str, int], _Bucket] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.creating: dict[str, int] = {}  # env id -> memory, from the decision until the controller holds it
+        self.starved: set[str] = set()  # creations that started without the memory for them
         self.closed = False
 
     def _bucket(self, tenant: str, mem_bytes: int) -> _Bucket:
         key = (tenant, mem_bytes)
         if key not in self.buckets:
-            self.buckets[key] = _Bucket(asyncio.Semaphore(self.max_envs))
+            self.buckets[key] = _Bucket(asyncio.Condition())
         return self.buckets[key]
 
     async def acquire(self, tenant: str, mem_bytes: int) -> str:
@@ -92,33 +105,74 @@ class CodeEnvPool:
         if self.closed:
             raise Overloaded("the service is shutting down", 5.0)
         bucket = self._bucket(tenant, mem_bytes)
-        try:
-            await asyncio.wait_for(bucket.slots.acquire(), self.acquire_timeout_s)
-        except TimeoutError:
-            raise Overloaded(f"all {self.max_envs} code sandboxes of this tenant stayed busy", 1.0) from None
-        try:
-            while bucket.idle:
-                env_id = bucket.idle.pop()
-                if env_id in self.state.controller.env_specs:  # its lease may have run out
-                    self.state.controller.renew_env(env_id)
-                    return env_id
-            return await self._create(tenant, mem_bytes)
-        except BaseException:
-            bucket.slots.release()
-            raise
-
-    async def _create(self, tenant: str, mem_bytes: int) -> str:
+        deadline = time.monotonic() + self.acquire_timeout_s
+        async with bucket.changed:
+            while True:
+                while bucket.idle:
+                    env_id = bucket.idle.pop()
+                    if env_id in self.state.controller.env_specs:  # its lease may have run out
+                        self.state.controller.renew_env(env_id)
+                        bucket.used_s = time.monotonic()
+                        return env_id
+                    bucket.live -= 1
+                if bucket.live < self.max_envs:
+                    fits = self._make_room(bucket, mem_bytes)
+                    if fits or bucket.live == 0:  # with none of its own, it cannot wait on itself
+                        bucket.live += 1
+                        starved = not fits
+                        break
+                left_s = deadline - time.monotonic()
+                try:
+                    await asyncio.wait_for(bucket.changed.wait(), max(left_s, 0.0))
+                except TimeoutError:
+                    raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
         env_id = self.state.scoped(tenant, new_id("pool"))
+        self.creating[env_id] = mem_bytes  # counted before its task runs: concurrent borrowers see it
+        if starved:
+            self.starved.add(env_id)  # until it is placed, envs coming back are released, not kept
+        try:
+            return await self._create(env_id, tenant, mem_bytes)
+        except BaseException:
+            await self._gone(bucket)
+            raise
+        finally:
+            self.creating.pop(env_id, None)
+            self.starved.discard(env_id)
+
+    def _make_room(self, bucket: _Bucket, mem_bytes: int) -> bool:
+        """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs."""
+        controller = self.state.controller
+        capacity = sum(n.mem_bytes for n in controller.loop.state.spec.cpu_nodes)
+        held = sum(s.mem_bytes for s in controller.env_specs.values())
+        held += sum(m for e, m in self.creating.items() if e not in controller.env_specs)
+        free = capacity - held
+        others = sorted((b for b in self.buckets.values() if b is not bucket and b.idle), key=lambda b: b.used_s)
+        for other in others:
+            while free < mem_bytes and other.idle:
+                env_id = other.idle.pop(0)
+                other.live -= 1
+                sandbox = controller.env_specs.get(env_id)
+                free += sandbox.mem_bytes if sandbox is not None else 0
+                self._drop(env_id)
+        return free >= mem_bytes
+
+    async def _create(self, env_id: str, tenant: str, mem_bytes: int) -> str:
         spec = EnvSpec(env_id, mem_bytes, tenant, "")
         sandbox = SandboxSpec(mem_bytes, 512, max(512 << 20, mem_bytes // 2), 256 << 20)
         # Its own task: a caller that goes away does not abandon a half-created env.
         task = self.state.spawn(self.state.controller.create_env(spec, sandbox))
-        done, _ = await asyncio.wait((task,), timeout=self.state.create_timeout_s)
+        wait_s = min(self.state.create_timeout_s, self.acquire_timeout_s)
+        done, _ = await asyncio.wait((task,), timeout=wait_s)
         if not done:
             self.state.controller.release_env(env_id)
-            raise Overloaded(f"no node could place a code sandbox within {self.state.create_timeout_s:g} s", 5.0)
+            raise Overloaded(f"no node could place a code sandbox within {wait_s:g} s", 5.0)
         task.result()
         return env_id
+
+    async def _gone(self, bucket: _Bucket) -> None:
+        async with bucket.changed:
+            bucket.live -= 1
+            bucket.changed.notify()
 
     def release(self, tenant: str, mem_bytes: int, env_id: str, *, reusable: bool = True) -> None:
         """Give the env back: reset in the background, then idle (or released when the pool
@@ -126,7 +180,7 @@ class CodeEnvPool:
         bucket = self._bucket(tenant, mem_bytes)
         if not reusable or self.closed or len(bucket.idle) >= self.max_idle:
             self._drop(env_id)
-            bucket.slots.release()
+            self._spawn(self._gone(bucket))
             return
         self._spawn(self._reset(tenant, bucket, env_id))
 
@@ -134,14 +188,18 @@ class CodeEnvPool:
         try:
             payload = ExecPayload(("bash", "-c", RESET_COMMAND), None, (), None, RESET_TIMEOUT_S)
             result = await run_env_action(self.state, tenant, env_id, "compat:reset", payload)
-            if result.ok and not self.closed and env_id in self.state.controller.env_specs:
-                bucket.idle.append(env_id)
-                return
-            self._drop(env_id)
+            live = env_id in self.state.controller.env_specs
+            reusable = result.ok and live and not self.closed and not self.starved
         except Exception:  # a reset that could not even be submitted: never reuse the env
+            reusable = False
+        if not reusable:
             self._drop(env_id)
-        finally:
-            bucket.slots.release()
+            await self._gone(bucket)
+            return
+        async with bucket.changed:
+            bucket.idle.append(env_id)
+            bucket.used_s = time.monotonic()
+            bucket.changed.notify()
 
     def _drop(self, env_id: str) -> None:
         if env_id in self.state.controller.env_specs:
