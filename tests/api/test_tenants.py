@@ -99,3 +99,18 @@ async def test_a_tenant_name_that_is_no_sandbox_id_word_still_scopes_its_ids(san
             assert env == "e1" and r["result"]["stdout"] == "ok\n"
             (internal,) = controller(server).env_specs
             assert internal.startswith("t-") and internal.endswith(".e1") and len(internal) <= 64
+
+
+async def test_the_sdk_over_http_with_a_token(sandbox_host: None) -> None:
+    import arl_tangram
+    from arl_tangram.client import HttpError
+
+    with serving(tokens={"tok-alice": "alice"}) as server:
+        async with arl_tangram.connect(server.url, token="tok-alice") as tg:
+            assert (await tg.ping()).ok
+            env = await tg.create_env(memory="128MiB")
+            assert (await env.exec("echo $TANGRAM_DOP")).stdout == "1\n"
+            assert controller(server).env_specs and all(e.startswith("alice.") for e in controller(server).env_specs)
+        assert not controller(server).env_specs  # closing the client released the env it held
+        with pytest.raises(HttpError, match="401"):
+            await arl_tangram.connect(server.url, token="tok-wrong")
