@@ -85,6 +85,18 @@ async def test_compute_score_grades_all_cases_in_one_elastic_action(tangram: Ser
         crash = "```python\nraise SystemExit(1)\n```"
         assert set((await compute_score("code", crash, cases, **kwargs))["verdicts"]) == {-2}
         assert (await compute_score("code", "no code here", cases, **kwargs))["score"] == 0.0
+        # in the trajectory's own env (named by the tool in extra_fields) its files are there
+        import arl_tangram
+
+        async with arl_tangram.connect(tangram.url, token=TOKEN) as tg:
+            env = await tg.create_env(memory="256MiB")
+            await env.write_file("secret.txt", "kept\n")
+            reads = "```python\nprint(open('secret.txt').read().strip())\n```"
+            one = json.dumps({"inputs": [""], "outputs": ["kept"]})
+            assert (await compute_score("code", reads, one, {"tangram_env_id": env.env_id}, **kwargs))["score"] == 1.0
+            assert (await compute_score("code", reads, one, {}, **kwargs))["verdicts"] == [-2]  # a fresh env
+            await env.release()
+        assert (await compute_score("code", reads, one, {"tangram_env_id": env.env_id}, **kwargs))["verdicts"] == [-2]  # gone: fresh
     finally:
         await close_score_clients()
     assert live_envs(tangram) == 0

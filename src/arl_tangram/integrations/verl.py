@@ -87,6 +87,8 @@ class TangramCodeTool(BaseTool):
         self.instances[instance_id] = key
         await self._reclaim_idle()
         env = await self._env(key)
+        if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
+            agent_data.extra_fields["tangram_env_id"] = env.env_id  # compute_score may grade there
         language = str(parameters.get("language") or self.language)
         if language not in RUNNERS:
             return ToolResponse(text=f"language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
@@ -153,16 +155,25 @@ async def compute_score(
 ) -> dict[str, Any]:  # fmt: skip
     """verl's ``reward.custom_reward_function`` (``reward_kwargs`` give the server): the
     fraction of ``ground_truth``'s stdin/stdout cases the completion's last code block
-    passes, graded in ONE elastic action on a fresh env (see ``grading``). Returns
-    ``{"score", "acc", "verdicts"}``; no code block scores 0."""
+    passes, graded in ONE elastic action (see ``grading``): in the trajectory's own env
+    when ``extra_info["tangram_env_id"]`` names a live one (the tool records it in the
+    rollout's ``extra_fields``), else on a fresh env. Returns ``{"score", "acc",
+    "verdicts"}``; no code block scores 0."""
     code = extract_code(solution_str)
     cases = parse_cases(ground_truth)
     if code is None or not cases:
         return {"score": 0.0, "acc": False, "verdicts": []}
     endpoint = Endpoint.from_config({"tangram_url": tangram_url, "tangram_token": tangram_token, "sandbox_fusion_url": sandbox_fusion_url})
     client = await _score_clients.setdefault(endpoint, LazyClient(endpoint)).get()
-    async with await client.create_env(memory=f"{int(memory_limit_mb)}MiB") as env:
-        verdicts = await grade(env, code, cases, timeout_s=float(timeout), max_dop=max_dop)
+    own = (extra_info or {}).get("tangram_env_id")
+    if own:
+        try:  # the trajectory's env, not ours to release
+            verdicts = await grade(Env(client, str(own), ""), code, cases, timeout_s=float(timeout), max_dop=max_dop)
+        except Exception:  # noqa: BLE001 - gone (its lease ran out): grade on a fresh env
+            own = None
+    if not own:
+        async with await client.create_env(memory=f"{int(memory_limit_mb)}MiB") as env:
+            verdicts = await grade(env, code, cases, timeout_s=float(timeout), max_dop=max_dop)
     passed = sum(1 for v in verdicts if v is True)
     return {"score": passed / len(cases), "acc": passed == len(cases), "verdicts": verdicts}
 
