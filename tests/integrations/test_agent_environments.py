@@ -4,7 +4,6 @@ server: each selected by its dotted path, as the frameworks' configs do."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 from typing import Any
 
 import httpx
@@ -26,14 +25,35 @@ def live_envs(server: ServerThread) -> int:
 def test_the_minisweagent_environment(tangram: ServerThread) -> None:
     cls = by_dotted_path("arl_tangram.integrations.minisweagent.TangramEnvironment")
     with cls(url=tangram.url, token=TOKEN, memory="256MiB", timeout=5, env={"PAGER": "cat"}) as env:
-        r = env.execute("echo out; echo err >&2; echo $PAGER; exit 3")
-        assert r == {"output": "out\nerr\ncat\n", "returncode": 3}
-        env.execute("mkdir -p repo && echo 'print(1)' > repo/a.py")
-        assert env.execute("python3 a.py", cwd="/workspace/repo") == {"output": "1\n", "returncode": 0}
-        with pytest.raises(subprocess.TimeoutExpired):
-            env.execute("sleep 30", timeout=0.5)
-        assert env.get_template_vars()["env_id"]
+        r = env.execute({"command": "echo out; echo err >&2; echo $PAGER; exit 3"})
+        assert r == {"output": "out\nerr\ncat\n", "returncode": 3, "exception_info": ""}
+        env.execute("mkdir -p repo && echo 'print(1)' > repo/a.py")  # the v1 form: a plain string
+        assert env.execute({"command": "python3 a.py"}, cwd="/workspace/repo")["output"] == "1\n"
+        slow = env.execute({"command": "echo started; sleep 30"}, timeout=0.5)
+        assert slow["returncode"] == -1 and "timed out" in slow["exception_info"]
+        assert env.get_template_vars()["env_id"] and env.serialize()["info"]["config"]["environment"]["token"] is None
         assert live_envs(tangram) == 1
+    assert live_envs(tangram) == 0
+
+
+def test_a_real_minisweagent_run_submits_from_the_sandbox(tangram: ServerThread) -> None:
+    pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed")
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.environments import get_environment
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    config = {"environment_class": "arl_tangram.integrations.minisweagent.TangramEnvironment", "url": tangram.url, "token": TOKEN, "memory": "256MiB"}
+    env = get_environment(config)
+    try:
+        model = DeterministicModel(outputs=[
+            make_output("write it", [{"command": "echo patched > fix.txt"}]),
+            make_output("submit", [{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; cat fix.txt"}]),
+        ])  # fmt: skip
+        agent = DefaultAgent(model, env, system_template="You fix bugs.", instance_template="{{task}}", step_limit=5)
+        result = agent.run("fix it")
+        assert result["exit_status"] == "Submitted" and result["submission"] == "patched\n"
+    finally:
+        env.close()  # type: ignore[attr-defined]
     assert live_envs(tangram) == 0
 
 

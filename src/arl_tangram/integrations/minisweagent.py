@@ -1,22 +1,26 @@
 """Shell: a mini-swe-agent / SkyRL environment class on ARL-Tangram (select it by dotted
-path: ``arl_tangram.integrations.minisweagent.TangramEnvironment``).
+path: ``environment_class: arl_tangram.integrations.minisweagent.TangramEnvironment``).
 
-The protocol those agents use: ``execute(command, cwd="", *, timeout=None)`` runs one
-``bash`` command line and returns ``{"output": stdout and stderr interleaved, "returncode"}``;
-a timeout raises ``subprocess.TimeoutExpired`` as their local environment does (the agent
-reports it to the model). Each command is one scheduled action in the environment's own
-sandbox, whose files persist across commands; nothing else does (each command is a fresh
-``bash``, as in mini-swe-agent's local and docker environments). Synchronous: the agents are.
+The protocol of mini-swe-agent v2 (as its ``LocalEnvironment``): ``execute(action, cwd="",
+*, timeout=None)`` runs ``action["command"]`` (a plain string is taken as the command, the
+v1 form) with ``bash`` and returns ``{"output": stdout and stderr interleaved,
+"returncode", "exception_info"}``; a timeout or an infrastructure failure gives returncode
+-1 and says why in ``exception_info``; output that starts with
+``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` raises mini-swe-agent's ``Submitted``. Each command
+is one scheduled action in the environment's own sandbox, whose files persist across
+commands; nothing else does (each command is a fresh ``bash``, as in mini-swe-agent's local
+and docker environments). Synchronous: the agents are.
 """
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from arl_tangram.client import Client
 from arl_tangram.integrations.connection import Endpoint
+
+SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 @dataclass
@@ -37,32 +41,49 @@ class TangramEnvironment:
     def __init__(self, **kwargs: Any) -> None:
         self.config = TangramEnvironmentConfig(**kwargs)
         endpoint = Endpoint.from_config({"tangram_url": self.config.url, "tangram_token": self.config.token})
-        self._client = Client(endpoint.url, token=endpoint.token)
+        self._client: Client | None = Client(endpoint.url, token=endpoint.token)
         try:
             self._env = self._client.create_env(memory=self.config.memory)
         except BaseException:
             self._client.close()
             raise
 
-    def execute(self, command: str, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+    def execute(self, action: dict[str, Any] | str, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+        command = action if isinstance(action, str) else str(action.get("command", ""))
         timeout_s = float(timeout or self.config.timeout)
         r = self._env.exec(
             ["bash", "-c", "exec 2>&1\n" + command], cwd=cwd or self.config.cwd or None, env=self.config.env,
             timeout_s=timeout_s, kind="minisweagent",
         )  # fmt: skip
-        if r.outcome == "timed_out":
-            raise subprocess.TimeoutExpired(command, timeout_s, output=r.stdout)
-        if r.outcome not in ("succeeded", "failed"):
-            raise RuntimeError(f"the command ended {r.outcome}: {r.cause or ''}")
-        return {"output": r.stdout, "returncode": r.exit_code}
+        if r.outcome in ("succeeded", "failed"):
+            output = {"output": r.stdout, "returncode": r.exit_code, "exception_info": ""}
+        else:
+            why = f"the command timed out after {timeout_s:g} s" if r.outcome == "timed_out" else f"the command ended {r.outcome}: {r.cause or ''}"
+            output = {"output": r.stdout, "returncode": -1, "exception_info": f"An error occurred while executing the command: {why}"}
+        self._check_finished(output)
+        return output
 
-    def get_template_vars(self) -> dict[str, Any]:
-        return {**asdict(self.config), "env_id": self._env.env_id}
+    def _check_finished(self, output: dict[str, Any]) -> None:
+        lines = output["output"].lstrip().splitlines(keepends=True)
+        if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
+            try:
+                from minisweagent.exceptions import Submitted
+            except ImportError:  # used without mini-swe-agent: the caller reads the marker itself
+                return
+            submission = "".join(lines[1:])
+            raise Submitted({"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}})
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        return {**asdict(self.config), "token": None, "env_id": self._env.env_id, **kwargs}
+
+    def serialize(self) -> dict[str, Any]:
+        config = {**asdict(self.config), "token": None}  # never written into a trajectory file
+        return {"info": {"config": {"environment": config, "environment_type": f"{__name__}.{type(self).__name__}"}}}
 
     def close(self) -> None:
         """Release the sandbox and the connection. Idempotent."""
-        if self._client is not None:
-            client, self._client = self._client, None  # type: ignore[assignment]
+        client, self._client = self._client, None
+        if client is not None:
             try:
                 self._env.release()
             finally:
