@@ -13,14 +13,18 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[gpu,cpu,plots,service,ray,dev]'
+	$(BIN)/pip install -q -e '.[gpu,cpu,plots,service,ray,verl,clients,dev]' $(TORCH)
+	# mini-swe-agent's own dependencies (litellm, ...) are not needed to drive its agent class
+	$(BIN)/pip install -q --no-deps mini-swe-agent==2.4.6
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# Debian packages the live CPU manager needs (bubblewrap); skipped when already present.
+# Debian packages: bubblewrap for the CPU manager's sandboxes, gcc/g++ for the SandboxFusion
+# face's C and C++ runs; skipped when already present.
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap)
+	@command -v bwrap >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 \
+	  || (apt-get update -qq && apt-get install -y -qq bubblewrap gcc g++)
 
 # The main job: real rollout-shaped workloads through ARL-Tangram and the baselines, side by side.
 demo: $(STAMP) system-deps
