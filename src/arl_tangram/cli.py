@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live")
+BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 CLIENT_COMMANDS = ("status", "env", "exec", "service")
@@ -46,6 +46,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port (0: a free one, printed)")
     serve.add_argument("--config", default=None, help="configuration file (TOML, or YAML with PyYAML)")
     serve.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    serve.add_argument("--backend", default="local", choices=("local", "ray"), help="local: this machine; ray: an agent per Ray node")
+    serve.add_argument("--address", default=None, help="with --backend ray: auto, host:port or ray://... (default: $RAY_ADDRESS, else a local Ray)")
     _add_client_commands(sub)
     return parser
 
@@ -88,7 +90,10 @@ def _serve(args: argparse.Namespace) -> int:
         if exc.name and not exc.name.startswith("arl_tangram"):
             return _missing("serve", exc, "service,cpu")
         raise
-    return serve_forever(args.host, args.port, args.config, args.log_level)
+    if args.address is not None and args.backend != "ray":
+        print("arl-tangram: serve: --address needs --backend ray", file=sys.stderr)
+        return 2
+    return serve_forever(args.host, args.port, args.config, args.log_level, backend=args.backend, address=args.address)
 
 
 # -- commands for people, over the HTTP API (httpx only) -----------------------------------

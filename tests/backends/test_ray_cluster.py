@@ -199,9 +199,9 @@ def test_a_model_node_serves_its_service(cluster: Any) -> None:
     from arl_tangram.backends.ray.actor import GpuSettings
     from arl_tangram.backends.ray.membership import RaySettings
     from arl_tangram.backends.ray.runtime import start_ray_runtime
-    from arl_tangram.runtime.ray import controller_factory
     from arl_tangram.managers.gpu.models import minilm_path
     from arl_tangram.runtime.config import ServiceConfig
+    from arl_tangram.runtime.ray import controller_factory
 
     cluster.add_node({"arl_tangram_gpu": 1.0})
     config = TangramConfig(

@@ -52,9 +52,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned = not isinstance(config_or_runtime, EmbeddedRuntime)
-        runtime = await EmbeddedRuntime.start(config_or_runtime) if owned else config_or_runtime  # type: ignore[arg-type]
-        assert isinstance(runtime, EmbeddedRuntime)
+        # a runtime (embedded, or the Ray one with the same face) is served as given
+        owned = config_or_runtime is None or isinstance(config_or_runtime, TangramConfig)
+        runtime: EmbeddedRuntime = (
+            await EmbeddedRuntime.start(config_or_runtime) if owned else config_or_runtime  # type: ignore[arg-type,assignment]
+        )
         state = _make_state(runtime, settings)
         app.state.api = state
         restore = _watch_rounds(state)
