@@ -187,7 +187,7 @@ class DeviceArena:
         driver (empty_cache). A copy still running keeps its views (and so the memory) alive
         until it ends."""
         if self.copier is not None:
-            self.copier.close(timeout_s=0.0)
+            self.copier.close(timeout_s=5.0)  # joined: see ``copier._LIVE``
         self.synchronize()
         self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         if self.is_cuda:

@@ -14,15 +14,27 @@ copy engine does the work and the thread sleeps on an event.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 _MAX_NICE = 19
+# A copy thread still running (or just exiting) while the process exits can abort it in C++
+# ("terminate called without an active exception"): close stops and joins it, and so does
+# this hook for copiers of managers that were never closed.
+_LIVE: weakref.WeakSet[Copier] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for copier in list(_LIVE):
+        copier.close(timeout_s=5.0)
 
 
 class Copier:
@@ -40,6 +52,7 @@ class Copier:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self._started.wait()
+        _LIVE.add(self)
 
     def run(self, copy: Callable[[], T]) -> T:
         """Run ``copy`` on the copy thread and return its result (or raise its exception).
