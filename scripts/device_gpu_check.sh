@@ -6,7 +6,7 @@
 #
 # Fails (non-zero) on any error: no GPU, a failing or timed-out test, CUDA tests that were
 # skipped instead of run, a failing or timed-out bench, a JSON without the issue's keys.
-# Budget, worst case (every step ends at its timeout): 20 + 150 + 10 + 260 + 10 = 450 s < 8 min
+# Budget, worst case (every step ends at its timeout): 60 + 140 + 10 + 250 + 10 = 470 s < 8 min
 # (expected: about 60 s of tests and 160 s of bench; `phase_s` in the JSON says where it went).
 #
 # Python: the machine's python3, no venv. That machine cannot fetch packages, so a venv with
@@ -29,6 +29,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$OUT" ]] || { echo "usage: $0 --out DIR" >&2; exit 2; }
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the next line changes directory
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 ARL_TANGRAM_TEST_CUDA=1
 PY=python3
@@ -47,7 +48,7 @@ step() {  # step NAME TIMEOUT_S CMD...: run with a timeout, record seconds and e
 # 1. The GPU and the software (fails at once without CUDA: nothing else is worth running).
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
     | tee "$OUT/versions.txt"
-timeout 20 "$PY" - <<'EOF' | tee -a "$OUT/versions.txt"
+timeout 60 "$PY" - <<'EOF' | tee -a "$OUT/versions.txt"  # a cold first torch import is slow
 import sys, torch, transformers, safetensors, pytest
 assert torch.cuda.is_available(), "torch sees no CUDA device"
 assert tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4), torch.__version__
@@ -59,7 +60,7 @@ EOF
 # 2. The GPU tests on CUDA arenas (conftest: every budget an arena on cuda:0), test_cuda.py
 #    (memory back to baseline after evict and close; cuda:0 + cpu split), cross-device routing
 #    on cuda:0 + cpu. One run; each test bounded by pytest-timeout, the whole by timeout.
-step pytest 150 "$PY" -m pytest tests/managers/gpu -q -p no:cacheprovider --timeout=120 \
+step pytest 140 "$PY" -m pytest tests/managers/gpu -q -p no:cacheprovider --timeout=120 \
     --junitxml="$OUT/pytest.xml" > "$OUT/pytest.txt" 2>&1
 tail -15 "$OUT/pytest.txt"
 # The CUDA-only tests must have run, not skipped (a torch without CUDA would skip them).
@@ -79,7 +80,7 @@ EOF
 #    1 GB services for the loop-stall test, 9 x 256 MB teachers for MOPD. The fragmentation
 #    churn runs on a CPU arena whatever the machine (shapes scaled down, ratio scale-free):
 #    default scale. Models are generated (seeded) under /tmp, about 7 GB of disk.
-step bench 260 "$PY" -m arl_tangram.cli bench gpu --json --model-mb 4000 --dtype bfloat16 \
+step bench 250 "$PY" -m arl_tangram.cli bench gpu --json --model-mb 4000 --dtype bfloat16 \
     --teacher-mb 256 --repeats 3 --mopd-requests 200 --swap-mb 1024 --stall-s 10 \
     --cache-dir /tmp/arl-tangram-models > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.err"
 tail -12 "$OUT/bench_gpu.err"
