@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,25 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.jso
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _transformers() -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
+_IMPORT_LOCK = threading.Lock()
+# transformers resolves its names lazily on first access, and two threads resolving them at
+# once in a fresh process can see a half-built module ("no attribute 'AutoModel'"): the
+# names used here are resolved once, under a lock, before any caller gets the module.
+_USED_NAMES = ("AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "LlamaConfig", "LlamaForCausalLM")
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+
+def _transformers() -> Any:
+    with _IMPORT_LOCK:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import transformers
+
+        for name in _USED_NAMES:
+            getattr(transformers, name)
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        return transformers
 
 
 def minilm_path() -> Path:
