@@ -81,3 +81,18 @@ def no_leftovers() -> Iterator[None]:
             break
         time.sleep(0.05)
     assert not leaked, f"test left resources behind: {leaked}"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (``pytest.mark.anyio``) run on asyncio."""
+    return "asyncio"
+
+
+@pytest.fixture
+def sandbox_host() -> None:
+    """Real sandboxes need root and bubblewrap; under CI they are never skipped."""
+    from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
+
+    if not host_can_sandbox() and not IN_CI:
+        pytest.skip("needs root and bubblewrap")

@@ -4,37 +4,14 @@ event loop and embedded runtime, stopped (every sandbox destroyed) when the test
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from arl_tangram.api import create_app
 from arl_tangram.api.server import ServerThread
-from arl_tangram.runtime.config import TangramConfig
-from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def sandbox_host() -> None:
-    if not host_can_sandbox() and not IN_CI:
-        pytest.skip("needs root and bubblewrap")
-
-
-@contextlib.contextmanager
-def serving(config: TangramConfig | None = None, **app_options: Any) -> Iterator[ServerThread]:
-    server = ServerThread(create_app(config, **app_options)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from tests.client.conftest import serving
 
 
 @pytest.fixture

@@ -21,21 +21,9 @@ import arl_tangram
 from arl_tangram.client import AsyncClient
 from arl_tangram.client.transport import InProcessTransport
 from arl_tangram.runtime.config import TangramConfig
-from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
 
 TRANSPORTS = ("embedded", "http")
 _SERVERS: dict[int, Any] = {}  # id(client) -> the ServerThread behind an HTTP client
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def sandbox_host() -> None:
-    if not host_can_sandbox() and not IN_CI:
-        pytest.skip("needs root and bubblewrap")
 
 
 @contextlib.contextmanager

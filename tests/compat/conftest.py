@@ -52,11 +52,6 @@ def server() -> Iterator[ServerThread]:
         yield s
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
     """Replaces the suite's per-test check here: a module's server keeps warm pooled

@@ -20,6 +20,3 @@ def tangram() -> Iterator[ServerThread]:
         yield s
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
