@@ -32,10 +32,20 @@ def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model_server(teacher: Path) -> Iterator[ServerThread]:
+def reward_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from arl_tangram.managers.gpu.models import generate_causal_lm
+
+    return generate_causal_lm(tmp_path_factory.mktemp("arl-tangram-compat-reward"), 3_000_000, seed=2, num_labels=2)
+
+
+@pytest.fixture(scope="module")
+def model_server(teacher: Path, reward_model: Path) -> Iterator[ServerThread]:
     from arl_tangram.managers.gpu.models import minilm_path
 
-    services = (ServiceConfig("minilm", "embed", str(minilm_path())), ServiceConfig("teacher", "logprobs", str(teacher)))
+    services = (
+        ServiceConfig("minilm", "embed", str(minilm_path())), ServiceConfig("teacher", "logprobs", str(teacher)),
+        ServiceConfig("reward", "classify", str(reward_model)),
+    )  # fmt: skip
     config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20), services=services)
     with serve_compat(config, tokens={TOKEN: "alice"}) as s:
         yield s
@@ -47,7 +57,7 @@ def client(model_server: ServerThread) -> openai.OpenAI:
 
 
 def test_models_and_embeddings(client: openai.OpenAI) -> None:
-    assert sorted(m.id for m in client.models.list()) == ["minilm", "teacher"]
+    assert sorted(m.id for m in client.models.list()) == ["minilm", "reward", "teacher"]
     texts = ["The cat sat on the mat.", "A cat was sitting on the mat.", "Quarterly revenue rose by four percent."]
     for extra in ({"encoding_format": "float"}, {}):  # unless told, the client asks base64 and decodes it
         r = client.embeddings.create(model="minilm", input=texts, **extra)  # type: ignore[arg-type]
@@ -74,6 +84,22 @@ def test_completion_scoring_matches_the_model(client: openai.OpenAI, teacher: Pa
     entries = v.choices[0].model_dump()["prompt_logprobs"]
     assert entries[0] is None and len(entries) == len(PROMPT)
     assert [e[str(t)]["logprob"] for e, t in zip(entries[1:], PROMPT[1:], strict=True)] == pytest.approx(lps[1:], abs=1e-6)
+
+
+def test_classify_as_verls_reward_client_calls_it(model_server: ServerThread, reward_model: Path) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    raw = httpx.post(f"{model_server.url}/classify", json={"model": "reward", "input": PROMPT, "use_activation": False}, headers=headers, timeout=60)
+    assert raw.status_code == 200, raw.text
+    logits = raw.json()["data"][0]["probs"]
+    model = AutoModelForSequenceClassification.from_pretrained(str(reward_model), local_files_only=True)
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits[0].float().tolist()
+    assert logits == pytest.approx(expected, abs=1e-4) and raw.json()["data"][0]["num_classes"] == 2
+    probs = httpx.post(f"{model_server.url}/v1/classify", json={"model": "reward", "input": [PROMPT, PROMPT[:3]]}, headers=headers, timeout=60).json()["data"]
+    assert len(probs) == 2 and all(sum(d["probs"]) == pytest.approx(1.0, abs=1e-5) for d in probs)
 
 
 def test_errors_in_the_openai_shape(client: openai.OpenAI, model_server: ServerThread) -> None:

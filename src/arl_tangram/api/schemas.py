@@ -176,7 +176,7 @@ class ServiceCreate(_Strict):
     """A model service from a local safetensors folder or a ``package.module:factory``."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    handler: Literal["embed", "score", "logprobs"]
+    handler: Literal["embed", "score", "logprobs", "classify"]
     folder: str | None = Field(None, min_length=1, max_length=4096)
     module: str | None = Field(None, pattern=r"^[\w.]+:\w+$", max_length=512)
     devices_min: Literal[1, 2, 4, 8] = 1

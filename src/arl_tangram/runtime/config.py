@@ -90,7 +90,7 @@ __all__ = [
 ]  # fmt: skip
 #: request handlers of model services (managers/gpu/handlers.py ``HANDLERS``; named here so
 #: reading a configuration never imports torch)
-SERVICE_HANDLERS = ("embed", "score", "logprobs")
+SERVICE_HANDLERS = ("embed", "score", "logprobs", "classify")
 DEVICE_COUNTS = (1, 2, 4, 8)  # the core's aligned GPU chunk sizes
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -161,11 +162,14 @@ def test_event_loop_keeps_its_heartbeat_while_replicas_swap(
     )
     manager.load("small", "small", [0])
     stop = threading.Event()
+    load_s: list[float] = []
 
     def swapper() -> None:
         n = 0
         while not stop.is_set():
+            started = time.perf_counter()
             manager.load(f"b{n}", "blob", [0])
+            load_s.append(time.perf_counter() - started)
             manager.evict(f"b{n}")
             n += 1
 
@@ -186,4 +190,7 @@ def test_event_loop_keeps_its_heartbeat_while_replicas_swap(
     finally:
         stop.set()
         thread.join(30)
-    assert worst_s < 0.05, worst_s  # a 96 MiB copy on the loop would stall it longer
+    # A 96 MiB copy on the loop would stall it for a whole load; other work on the host
+    # slows loads and heartbeats alike, so the bound follows the loads measured meanwhile.
+    assert load_s, "no swap ran during the heartbeat"
+    assert worst_s < max(0.05, 0.5 * statistics.median(load_s)), (worst_s, statistics.median(load_s))

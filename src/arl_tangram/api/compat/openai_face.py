@@ -5,12 +5,12 @@
 ``model`` names a service the caller's tenant may call (its own or a shared one); every
 request is one service action per input, which the scheduler places and the GPU manager
 swaps in on demand. The face scores, it does not generate: the model services' handlers
-(managers/gpu/handlers.py) are ``embed``, ``score`` and ``logprobs``, so a completion asks
+(managers/gpu/handlers.py) are ``embed``, ``score``, ``logprobs`` and ``classify``, so a completion asks
 ``max_tokens`` 0 (with ``echo``) or 1 (with ``prompt_logprobs``, vLLM's teacher-scoring
 call; the one generated token is not produced: ``text`` is empty). ``logprobs`` hold the
 actual token's log-probability only (the handler returns no top-k alternatives); ranks are
-``null``. ``/classify`` needs a service whose handler is ``classify`` (none yet: a clear
-400). Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; the
+``null``. ``/classify`` needs a service whose handler is ``classify`` (a sequence-
+classification head, e.g. a reward model; any other answers a clear 400). Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; the
 caller's tenant comes from ``Authorization: Bearer`` (any key when no tokens are set).
 """
 
@@ -71,7 +71,7 @@ class CompletionsBody(BaseModel):
 class ClassifyBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
-    input: str | list[str]
+    input: str | list[str] | list[int] | list[list[int]]  # one text or token-id list, or several
     use_activation: bool | None = None
 
 
@@ -239,8 +239,10 @@ async def classify(request: Request) -> JSONResponse:
     async def work(state: ApiState, tenant: str, raw: Any) -> dict[str, Any]:
         body: ClassifyBody = _parse(ClassifyBody, raw)
         internal = _service(state, tenant, body.model, ("classify",), "/classify")
-        inputs = [body.input] if isinstance(body.input, str) else body.input
-        request_of = [{"input": i, "use_activation": body.use_activation} for i in inputs]
+        one = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
+        inputs = [body.input] if one else body.input
+        activation = {} if body.use_activation is None else {"use_activation": body.use_activation}
+        request_of = [{"input": i, **activation} for i in inputs]
         outputs = await asyncio.gather(*(call_service(state, tenant, internal, r) for r in request_of))
         data = [{"index": i, "label": o.get("label"), "probs": o["probs"], "num_classes": len(o["probs"])} for i, o in enumerate(outputs)]
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": body.model, "data": data, "usage": {"prompt_tokens": 0, "total_tokens": 0}}

@@ -1,4 +1,4 @@
-"""Shell: request handlers of model services: ``embed``, ``score`` and ``logprobs``.
+"""Shell: request handlers of model services: ``embed``, ``score``, ``logprobs`` and ``classify``.
 
 A handler validates one request (``parse``: raises ``InvalidRequestError`` naming the field
 and the rule; runs before anything is queued) and runs a batch of parsed requests through a
@@ -11,6 +11,11 @@ Request and response shapes follow the OpenAI faces in spirit (PROTOCOLS.md):
 - ``logprobs``: ``{"tokens": [int]}`` or ``{"prompt": str}`` ->
                 ``{"tokens": [int], "token_logprobs": [None, float, ...]}``, the log-probability
                 of each token given the ones before it (as ``/v1/completions`` with ``echo``).
+- ``classify``: ``{"input": str | [int], "use_activation": bool = true}`` ->
+                ``{"label": int, "probs": [float]}`` from a sequence-classification head (a
+                reward model: one logit per class, the last non-padding token's for causal
+                LMs): softmax probabilities, or the raw logits with ``use_activation`` false
+                (vLLM's ``/classify``, as verl's reward client calls it).
 """
 
 from __future__ import annotations
@@ -188,6 +193,30 @@ class LogprobsHandler(Handler):
         ]
 
 
+class ClassifyHandler(Handler):
+    kind = "classify"
+
+    def parse(self, request: Any, model: LoadedModel, service: str) -> tuple[list[int], bool]:
+        body = _require_mapping(request, service)
+        if "input" not in body:
+            raise InvalidRequestError("input", "is required", service)
+        activation = body.get("use_activation", True)
+        if not isinstance(activation, bool):
+            raise InvalidRequestError("use_activation", "must be a boolean", service)
+        return _token_ids(body["input"], "input", model, service), activation
+
+    def run(
+        self, model: LoadedModel, items: Sequence[tuple[list[int], bool]], device: torch.device
+    ) -> list[dict[str, Any]]:
+        ids, mask = _pad([seq for seq, _ in items], model.pad_token_id, device)
+        logits = _output_tensor(model.module(input_ids=ids, attention_mask=mask), "logits").float().cpu()
+        out = []
+        for row, (_, activation) in enumerate(items):
+            values = torch.softmax(logits[row], dim=-1) if activation else logits[row]
+            out.append({"label": int(logits[row].argmax()), "probs": values.tolist()})
+        return out
+
+
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``[B, L-1]``: log p(ids[:, t] | ids[:, :t]) for t >= 1, computed in float32."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -195,5 +224,5 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 HANDLERS: dict[str, Handler] = {
-    h.kind: h for h in (EmbedHandler(), ScoreHandler(), LogprobsHandler())
+    h.kind: h for h in (EmbedHandler(), ScoreHandler(), LogprobsHandler(), ClassifyHandler())
 }

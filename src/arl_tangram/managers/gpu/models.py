@@ -26,7 +26,10 @@ _IMPORT_LOCK = threading.Lock()
 # transformers resolves its names lazily on first access, and two threads resolving them at
 # once in a fresh process can see a half-built module ("no attribute 'AutoModel'"): the
 # names used here are resolved once, under a lock, before any caller gets the module.
-_USED_NAMES = ("AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "LlamaConfig", "LlamaForCausalLM")
+_USED_NAMES = (
+    "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification", "AutoTokenizer",
+    "LlamaConfig", "LlamaForCausalLM", "LlamaForSequenceClassification",
+)
 
 
 def _transformers() -> Any:
@@ -68,13 +71,14 @@ def _max_length(path: Path, config: Any, tokenizer: Any) -> int:
 def load_folder(path: str | Path, kind: str) -> LoadedModel:
     """Build the module of a local model folder (safetensors + config.json) on the host.
 
-    ``logprobs`` services load a causal LM head; ``embed``/``score`` the bare encoder.
+    ``logprobs`` services load a causal LM head, ``classify`` a sequence-classification
+    head, ``embed``/``score`` the bare encoder.
     """
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} has no config.json")
     tf = _transformers()
-    auto = tf.AutoModelForCausalLM if kind == "logprobs" else tf.AutoModel
+    auto = {"logprobs": tf.AutoModelForCausalLM, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
     module = auto.from_pretrained(str(folder), local_files_only=True, dtype="auto")
     tokenizer = None
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
@@ -131,16 +135,19 @@ def _intermediate(hidden: int) -> int:
 
 
 def generate_causal_lm(
-    cache_dir: str | Path, size_bytes: int, seed: int = 0, dtype: str = "float32"
+    cache_dir: str | Path, size_bytes: int, seed: int = 0, dtype: str = "float32", num_labels: int = 0
 ) -> Path:
-    """Folder of a causal LM of about ``size_bytes`` with weights drawn from ``seed``.
+    """Folder of a causal LM of about ``size_bytes`` with weights drawn from ``seed``; with
+    ``num_labels`` > 0, a sequence-classification (reward) head of that many classes instead
+    of the LM head (load it as a ``classify`` service).
 
     Cached by (size, seed, dtype): a second call returns the same folder without work. The
     folder appears atomically (written under a temporary name, then renamed), so concurrent
     generators and interrupted runs never leave a half-written model behind.
     """
     cache = Path(cache_dir)
-    target = cache / f"causal-lm-{size_bytes}-seed{seed}-{dtype}"
+    head = f"-cls{num_labels}" if num_labels > 0 else ""
+    target = cache / f"causal-lm-{size_bytes}-seed{seed}-{dtype}{head}"
     if (target / "config.json").exists():
         return target
     tf = _transformers()
@@ -151,10 +158,14 @@ def generate_causal_lm(
     config = tf.LlamaConfig(
         **{k: v for k, v in fields.items() if k not in ("architectures", "model_type", "dtype")}
     )
+    if num_labels > 0:
+        config.num_labels = num_labels
+        config.pad_token_id = 0  # the head reads the last non-padding token
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        module = tf.LlamaForCausalLM(config).to(getattr(torch, dtype))
+        model_class = tf.LlamaForSequenceClassification if num_labels > 0 else tf.LlamaForCausalLM
+        module = model_class(config).to(getattr(torch, dtype))
     finally:
         torch.random.set_rng_state(generator_state)
     staging = Path(tempfile.mkdtemp(prefix=".arl-tangram-gen-", dir=cache))

@@ -59,7 +59,7 @@ class ServiceInfo:
     """What the core needs to know of a service (``GpuManager.service_info``)."""
 
     name: str
-    handler: str  # the request handler: "embed", "score" or "logprobs"
+    handler: str  # the request handler: "embed", "score", "logprobs" or "classify"
     weight_bytes: int  # raw bytes of its distinct tensors
     host_bytes: int  # bytes of its host copy (aligned layout)
     state: str  # "ready" or "failed"
