@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from arl_tangram.agent.ports import ApiPort, CpuPort, GpuPort
 from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.errors import SpecError
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
 
 # Of the host's memory, what sandboxes may hold in all (the rest: the host, the models' host
@@ -72,3 +73,19 @@ class NodeAgent:
 def local_mem_bytes() -> int:
     """This host's physical memory."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_replica_fits(gpu: GpuPort, service: str, devices_min: int, devices_max: int, where: str = "") -> None:
+    """Refuse a registration at a width where one replica would not fit a device: the core
+    places replicas on whole devices, so no placement it makes may then fail for lack of
+    memory. ``where`` names the node in the message (multi-node)."""
+    capacity = min(gpu.device_capacity_bytes())
+    on = f" on {where}" if where else ""
+    for width in (1, 2, 4, 8):
+        if devices_min <= width <= devices_max:
+            need = gpu.footprint_bytes(service, width)
+            if need > capacity:
+                raise SpecError(
+                    "devices_min", f"a replica of {service!r} over {width} device(s) needs {need} bytes per device, "
+                    f"more than a device's {capacity}{on}: raise devices_min or the device memory", width,
+                )  # fmt: skip

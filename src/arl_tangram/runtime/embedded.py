@@ -18,9 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from arl_tangram.agent.node import NodeAgent
+from arl_tangram.agent.node import NodeAgent, check_replica_fits
 from arl_tangram.core.action import ServiceSpec
-from arl_tangram.core.errors import SpecError
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.api.manager import ApiManager
@@ -96,7 +95,7 @@ class EmbeddedRuntime:
         elif service.module is not None:
             factory = _import_factory(service.module)
             await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler)
-        _check_fits(gpu, service)
+        check_replica_fits(gpu, service.name, service.devices_min, service.devices_max)
         spec = self.agent.service_spec(service.name, service.devices_min, service.devices_max)
         self.controller.register_service(spec)
         return spec
@@ -107,20 +106,6 @@ def cluster_spec(config: TangramConfig) -> ClusterSpec:
     fair-share weight (nodes join as their agents do)."""
     weights = {name: t.weight for name, t in sorted(config.tenants.items())}
     return ClusterSpec(quota_pools=quota_pools(config), tenant_weights=weights)
-
-
-def _check_fits(gpu: Any, service: ServiceConfig) -> None:
-    """The core places replicas on whole devices; refuse a width at which one replica would
-    not fit a device, so no placement the core makes can fail for lack of memory."""
-    capacity = min(gpu.device_capacity_bytes())
-    for width in (1, 2, 4, 8):
-        if service.devices_min <= width <= service.devices_max:
-            need = gpu.footprint_bytes(service.name, width)
-            if need > capacity:
-                raise SpecError(
-                    "devices_min", f"a replica of {service.name!r} over {width} device(s) needs {need} bytes "
-                    f"per device, more than a device's {capacity}: raise devices_min or the device memory", width,
-                )  # fmt: skip
 
 
 def _make_gpu_manager(config: TangramConfig) -> Any:

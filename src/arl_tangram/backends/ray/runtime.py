@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from arl_tangram.agent.node import NodeAgent
+from arl_tangram.agent.node import NodeAgent, check_replica_fits
 from arl_tangram.backends.ray.actor import KEEP_CHILDREN_ENV, GpuSettings
 from arl_tangram.backends.ray.membership import RayMembership, RaySettings
 from arl_tangram.backends.ray.proxies import RayGpuProxy
@@ -172,12 +172,4 @@ def _register_on(agent: NodeAgent, service: Any) -> None:
         raise SpecError(
             "service", f"failed to initialise on {agent.node_id}: {info.error}", service.name
         )
-    capacity = min(gpu.device_capacity_bytes())
-    for width in (1, 2, 4, 8):
-        if service.devices_min <= width <= service.devices_max:
-            need = gpu.footprint_bytes(service.name, width)
-            if need > capacity:
-                raise SpecError(
-                    "devices_min", f"a replica of {service.name!r} over {width} device(s) needs {need} bytes "
-                    f"per device, more than a device's {capacity} on {agent.node_id}", width,
-                )  # fmt: skip
+    check_replica_fits(gpu, service.name, service.devices_min, service.devices_max, agent.node_id)
