@@ -88,12 +88,35 @@ async def test_the_event_stream_sends_transitions_then_the_result(http: httpx.As
     states = []
     async with http.stream("GET", f"/v1/actions/{a['action_id']}/events") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
+        event = ""
         async for line in stream.aiter_lines():
-            if line.startswith("data: "):
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "state":
                 view = httpx.Response(200, content=line[6:]).json()
                 states.append(view["state"])
     assert states[-1] == "done" and "running" in states and view["result"]["stdout"] == "streamed\n"
     assert states == sorted(states, key=["queued", "running", "done"].index)
+
+
+async def test_the_event_stream_carries_output_while_the_action_runs(http: httpx.AsyncClient) -> None:
+    env = await _env(http)
+    command = "echo first; echo oops >&2; sleep 1.5; echo second"
+    a = await _run(http, {"type": "exec", "env_id": env, "command": command}, wait_s=0)
+    chunks: list[tuple[str, str, str]] = []  # (stream, text, the action's state when it arrived)
+    async with http.stream("GET", f"/v1/actions/{a['action_id']}/events") as stream:
+        event = ""
+        async for line in stream.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "output":
+                out = httpx.Response(200, content=line[6:]).json()
+                now = (await http.get(f"/v1/actions/{a['action_id']}")).json()["state"]
+                chunks.append((out["stream"], out["text"], now))
+    stdout = "".join(text for stream_name, text, _ in chunks if stream_name == "stdout")
+    assert stdout == "first\nsecond\n" and ("stderr", "oops\n") in [(s, t) for s, t, _ in chunks]
+    first = next(c for c in chunks if "first" in c[1])
+    assert first[2] == "running"  # streamed live, not replayed from the result
 
 
 async def test_a_client_that_disconnects_mid_wait_loses_nothing(server: ServerThread) -> None:

@@ -14,7 +14,7 @@ node is gone) and never hangs past the node's loss being known.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,7 +52,7 @@ class CpuPort(Protocol):
         numa_millicores: Sequence[int] | None = None, dop: int | None = None, cores: int | None = None,
         stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
-        background: bool = False,
+        background: bool = False, on_output: Callable[[str, bytes], None] | None = None,
     ) -> ExecResult: ...  # fmt: skip
 
     def run_in_session(

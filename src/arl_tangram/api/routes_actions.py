@@ -5,9 +5,9 @@ here decides anything. Waits are on the action's future without cancelling it, s
 that disconnects or times out loses nothing: the action still ends and ``GET`` reads its
 result until it is acknowledged (``DELETE``) or its retention runs out. A retried POST
 carrying the same ``Idempotency-Key`` (or ``X-Request-Id``) returns the first action.
-The stream (server-sent events) sends the action's state transitions and then its final
-result: the CPU manager returns output when the process ends, so partial output is not
-streamed yet.
+The stream (server-sent events) sends the action's state transitions, an exec action's
+output as it is produced (``output`` events, up to ``LIVE_OUTPUT_BYTES``; the rest arrives
+with the result), and then the final result.
 """
 
 from __future__ import annotations
@@ -199,27 +199,44 @@ async def ack_action(state: State, tenant: Tenant, action_id: str) -> Response:
 
 @router.get(
     "/{action_id}/events",
-    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "state transitions, then the result"}},
+    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "state transitions and live output, then the result"}},
 )
 async def stream_action(state: State, tenant: Tenant, action_id: str) -> StreamingResponse:
     """Server-sent events: one ``state`` event per transition (queued, running, done; the
-    last one carries the result). A disconnect ends the stream, never the action."""
+    last one carries the result) and ``output`` events (``{"stream", "text"}``) while an exec
+    action runs. A disconnect ends the stream, never the action."""
     record = state.record(tenant, action_id)
     return StreamingResponse(_events(state, tenant, record), media_type="text/event-stream")
 
 
 async def _events(state: ApiState, tenant: str, record: ActionRecord) -> AsyncIterator[str]:
     last = None
+    sent = 0  # live output chunks already streamed
     while True:
         now = state_of(record)
+        for stream, text in record.live_output[sent:]:  # before "done": output precedes the result
+            yield f"event: output\ndata: {json.dumps({'stream': stream, 'text': text})}\n\n"
+        sent = len(record.live_output)
         if now != last:
             yield f"event: state\ndata: {json.dumps(view(state, tenant, record), default=repr)}\n\n"
             last = now
         if now == "done":
             return
-        # queued -> running has no signal of its own: poll it; running -> done is the future
+        # queued -> running has no signal of its own: poll it; running -> done is the future,
+        # new output the record's event
         timeout_s = 0.02 if now == "queued" else 15.0
-        done, _ = await asyncio.wait((record.done, state.stopping), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        changed = record.live_output_changed  # taken before the check: no chunk is missed
+        if len(record.live_output) > sent:
+            continue
+        output = asyncio.ensure_future(changed.wait())
+        try:
+            done, _ = await asyncio.wait(
+                (record.done, state.stopping, output), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )  # fmt: skip
+        finally:
+            output.cancel()
+        if output in done:
+            continue
         if state.stopping.done() and record.result is None:
             return
         if not done and now == "running":

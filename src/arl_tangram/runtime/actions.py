@@ -21,6 +21,8 @@ from typing import Any
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.errors import SpecError
 
+LIVE_OUTPUT_BYTES = 1 << 20  # streamed while running; more waits for the result
+
 
 @dataclass(frozen=True)
 class ExecPayload:
@@ -114,6 +116,24 @@ class ActionRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     request_id: str | None = None  # the client's idempotency key, unique per tenant
     ended_s: float | None = None  # controller clock when the result was recorded
+    # Output as it is produced (exec actions): (stream, text) chunks, at most
+    # LIVE_OUTPUT_BYTES in all, and an event set on each new chunk (and then replaced by a
+    # fresh one, so any number of readers wait without clearing it for the others); event-
+    # loop thread only. The result keeps the whole (capped) output anyway.
+    live_output: list[tuple[str, str]] = field(default_factory=list)
+    live_output_bytes: int = 0
+    live_output_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add_output(self, stream: str, chunk: bytes) -> None:
+        """Keep a chunk for streaming readers (event-loop thread; see ``live_output``)."""
+        room = LIVE_OUTPUT_BYTES - self.live_output_bytes
+        if room <= 0:
+            return
+        piece = chunk[:room]
+        self.live_output_bytes += len(piece)
+        self.live_output.append((stream, piece.decode(errors="replace")))
+        changed, self.live_output_changed = self.live_output_changed, asyncio.Event()
+        changed.set()
 
 
 class ActionStore:

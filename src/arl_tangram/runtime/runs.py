@@ -47,9 +47,15 @@ async def run_exec(
         res = await ex.blocking(cpu.run_in_session, p.session_id, p.command, **common)
     else:
         env = dict(p.env) if p.env else None
+        loop = asyncio.get_running_loop()
+
+        def on_output(stream: str, chunk: bytes) -> None:  # the pumping thread: hop to the loop
+            loop.call_soon_threadsafe(record.add_output, stream, chunk)
+
         res = await ex.blocking(
-            cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, stdin=p.stdin, **common
-        )
+            cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, stdin=p.stdin,
+            on_output=on_output, **common,
+        )  # fmt: skip
     outcome = str(getattr(res.outcome, "value", res.outcome))
     result = ActionResult(
         record.spec.action_id, record.spec.kind, outcome, exit_code=res.exit_code,

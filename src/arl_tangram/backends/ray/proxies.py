@@ -161,7 +161,9 @@ class RayCpuProxy:
         **kwargs: Any,
     ) -> ExecResult:
         """As ``CpuManager.exec``; a lost node is an outcome (``error``, ``node_lost: ...``),
-        never raised, as the manager's own failures are."""
+        never raised, as the manager's own failures are. Live output (``on_output``) does not
+        cross the node boundary yet: the output arrives with the result."""
+        kwargs.pop("on_output", None)
         kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
         return self._action("exec", cancel, sandbox_id, command, **kwargs)
 

@@ -30,7 +30,7 @@ from arl_tangram.managers.cpu.launch import (
     nsenter_argv,
 )
 from arl_tangram.managers.cpu.native_launcher import launcher_path
-from arl_tangram.managers.cpu.proc_io import pump
+from arl_tangram.managers.cpu.proc_io import OutputSink, pump
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
@@ -46,6 +46,7 @@ class ActionRequest:
     timeout_s: float
     max_output_bytes: int
     background: bool = False
+    on_output: OutputSink | None = None  # live chunks while it runs (proc_io.OutputSink)
 
 
 def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool) -> subprocess.Popen[bytes]:
@@ -107,7 +108,7 @@ def _run(
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes,
-        cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc.pid),
+        cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc.pid), on_output=req.on_output,
     )  # fmt: skip
     killed, error = (0, None) if req.background and not (res.timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
     wall_s = time.perf_counter() - t0

@@ -52,6 +52,7 @@ from arl_tangram.managers.cpu.grants import MILLICORES_PER_CORE, GrantRequest, g
 from arl_tangram.managers.cpu.keeper import Keeper, sweep_dead
 from arl_tangram.managers.cpu.launch import SANDBOX_PATH, SandboxLayout
 from arl_tangram.managers.cpu.native_launcher import launcher_path
+from arl_tangram.managers.cpu.proc_io import OutputSink
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
@@ -381,18 +382,20 @@ class CpuManager:
         numa_millicores: Sequence[int] | None = None, dop: int | None = None, cores: int | None = None,
         stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
-        background: bool = False,
+        background: bool = False, on_output: OutputSink | None = None,
     ) -> ExecResult:  # fmt: skip
         """Run a program (argv) or a ``bash -c`` string confined to exactly the named grant
         (see ``grants``; nothing named = 1 core). ``TANGRAM_DOP`` = ``dop``, default the
         action's cpus, which ``nproc`` reports. When the program exits, whatever it left
         running is killed unless ``background=True`` (kept, within the holding or at the
-        minimum quota, until it exits or the sandbox is destroyed)."""
+        minimum quota, until it exits or the sandbox is destroyed). ``on_output(stream,
+        chunk)`` receives the output live, on the pumping thread."""
         argv = validate_command(command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
         req = ActionRequest(
             argv=argv, env=validate_env(env), cwd=self._cwd(cwd), stdin=validate_stdin(stdin),
             timeout_s=validate_timeout(timeout_s), max_output_bytes=self._cap(max_output_bytes), background=bool(background),
+            on_output=on_output,
         )  # fmt: skip
         sb = self.get_sandbox(sandbox_id)
         cpus = self.reserve(g)

@@ -21,17 +21,26 @@ _CHUNK = 65536
 _STOP_GRACE_S = 10.0
 
 
+#: ``on_output(stream, chunk)``: called on the pumping thread with each chunk read
+#: ("stdout" or "stderr"), while the process runs; it must be quick and never raise.
+OutputSink = Callable[[str, bytes], None]
+
+
 @dataclass
 class StreamBuffer:
     cap_bytes: int
     data: bytearray
     total_bytes: int = 0
+    name: str = ""
+    sink: OutputSink | None = None
 
     def feed(self, chunk: bytes) -> None:
         room = self.cap_bytes - len(self.data)
         if room > 0:
             self.data += chunk[:room]
         self.total_bytes += len(chunk)
+        if self.sink is not None:
+            self.sink(self.name, chunk)
 
     @property
     def truncated(self) -> bool:
@@ -56,13 +65,16 @@ def pump(
     cancel: threading.Event | None,
     on_stop: Callable[[], None],
     drain_s: float = 0.05,
+    on_output: OutputSink | None = None,
 ) -> PumpResult:
-    """Feed ``stdin``, collect stdout/stderr, and wait for ``proc``.
+    """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
+    read, capped or not), and wait for ``proc``.
 
     On timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the
     wait then continues until the process is gone. Called from one thread per process.
     """
-    out, err = StreamBuffer(cap_bytes, bytearray()), StreamBuffer(cap_bytes, bytearray())
+    out = StreamBuffer(cap_bytes, bytearray(), name="stdout", sink=on_output)
+    err = StreamBuffer(cap_bytes, bytearray(), name="stderr", sink=on_output)
     sel = selectors.DefaultSelector()
     pidfd = os.pidfd_open(proc.pid)
     sel.register(pidfd, selectors.EVENT_READ, "exit")
