@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -82,18 +83,24 @@ async def test_a_wait_that_times_out_answers_with_the_state(http: httpx.AsyncCli
     assert r["result"]["stdout"] == "ok\n"
 
 
+async def _sse(stream: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
+    """(event name, decoded JSON data) of each server-sent event."""
+    event = ""
+    async for line in stream.aiter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            yield event, httpx.Response(200, content=line[6:]).json()
+
+
 async def test_the_event_stream_sends_transitions_then_the_result(http: httpx.AsyncClient) -> None:
     env = await _env(http)
     a = await _run(http, {"type": "exec", "env_id": env, "command": "sleep 0.5; echo streamed"}, wait_s=0)
     states = []
     async with http.stream("GET", f"/v1/actions/{a['action_id']}/events") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
-        event = ""
-        async for line in stream.aiter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "state":
-                view = httpx.Response(200, content=line[6:]).json()
+        async for event, view in _sse(stream):
+            if event == "state":
                 states.append(view["state"])
     assert states[-1] == "done" and "running" in states and view["result"]["stdout"] == "streamed\n"
     assert states == sorted(states, key=["queued", "running", "done"].index)
@@ -105,12 +112,8 @@ async def test_the_event_stream_carries_output_while_the_action_runs(http: httpx
     a = await _run(http, {"type": "exec", "env_id": env, "command": command}, wait_s=0)
     chunks: list[tuple[str, str, str]] = []  # (stream, text, the action's state when it arrived)
     async with http.stream("GET", f"/v1/actions/{a['action_id']}/events") as stream:
-        event = ""
-        async for line in stream.aiter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "output":
-                out = httpx.Response(200, content=line[6:]).json()
+        async for event, out in _sse(stream):
+            if event == "output":
                 now = (await http.get(f"/v1/actions/{a['action_id']}")).json()["state"]
                 chunks.append((out["stream"], out["text"], now))
     stdout = "".join(text for stream_name, text, _ in chunks if stream_name == "stdout")
