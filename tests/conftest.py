@@ -68,19 +68,25 @@ def _snapshot() -> dict[str, set]:
     return {"processes": processes, "cgroups": _cgroups(), "mounts": _mounts(), "temp dirs": _temp_dirs()}
 
 
-@pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """Fail a test that leaves processes, cgroups, mounts or temp dirs of this run behind."""
-    before = _snapshot()
-    yield
-    deadline = time.monotonic() + 5.0
+def assert_nothing_left_since(before: dict[str, set], who: str = "test", grace_s: float = 5.0) -> None:
+    """Fail if processes, cgroups, mounts or temp dirs of this run appeared since ``before``
+    (a ``_snapshot()``) and are still there after ``grace_s`` (exits take a moment)."""
+    deadline = time.monotonic() + grace_s
     while True:
         after = _snapshot()
         leaked = {k: sorted(map(str, after[k] - before[k])) for k in after if after[k] - before[k]}
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert not leaked, f"test left resources behind: {leaked}"
+    assert not leaked, f"{who} left resources behind: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Fail a test that leaves processes, cgroups, mounts or temp dirs of this run behind."""
+    before = _snapshot()
+    yield
+    assert_nothing_left_since(before)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ module's tests); its teardown checks that it left no process, cgroup, mount or t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +16,7 @@ from arl_tangram.api.app import create_app
 from arl_tangram.api.compat import mount_compat
 from arl_tangram.api.server import ServerThread
 from arl_tangram.runtime.config import TangramConfig
-from tests.conftest import _snapshot
+from tests.conftest import _snapshot, assert_nothing_left_since
 from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
 
 
@@ -35,14 +34,7 @@ def serve_compat(config: TangramConfig | None = None, *, tokens: dict[str, str] 
     mount_compat(app, **compat)
     with ServerThread(app) as server:
         yield server
-    deadline = time.monotonic() + 5.0
-    while True:
-        after = _snapshot()
-        leaked = {k: sorted(map(str, after[k] - before[k])) for k in after if after[k] - before[k]}
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not leaked, f"the server left resources behind: {leaked}"
+    assert_nothing_left_since(before, "the server")
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from arl_tangram.runtime.actions import (
     Payload,
     ServicePayload,
 )
+from arl_tangram.runtime.codec import result_from_dict
 from arl_tangram.runtime.config import ServiceConfig
 from arl_tangram.runtime.controller import EnvFailedError
 
@@ -262,10 +263,5 @@ def encode_action(spec: ActionSpec, payload: Payload) -> dict[str, Any]:
 
 
 def decode_result(view: dict[str, Any]) -> ActionResult:
-    r = view["result"]
-    return ActionResult(
-        view["action_id"], view["kind"], r["outcome"], exit_code=r["exit_code"], stdout=r["stdout"], stderr=r["stderr"],
-        output=r["output"], queue_s=r["queue_s"], exec_s=r["exec_s"], overhead_s=r["overhead_s"], dop=r["dop"],
-        node_id=r["node_id"], cause=r["cause"], stdout_truncated=r["stdout_truncated"],
-        stderr_truncated=r["stderr_truncated"], cpu_s=r["cpu_s"], peak_mem_bytes=r["peak_mem_bytes"],
-    )  # fmt: skip
+    """The SDK's result from an action view (its ``result`` plus the action's id and kind)."""
+    return result_from_dict({**view["result"], "action_id": view["action_id"], "kind": view["kind"]})
