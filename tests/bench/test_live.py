@@ -20,9 +20,17 @@ import pytest
 
 from arl_tangram.bench import live
 from arl_tangram.bench.live import coding, coding_runner
-from arl_tangram.bench.live.coding_plan import CodingConfig, Problem, make_plans
+from arl_tangram.bench.live.coding_plan import (
+    Calibration,
+    CodingConfig,
+    Problem,
+    TrajectoryPlan,
+    make_plans,
+)
+from arl_tangram.bench.live.coding_result import ideal_mean_act_s
 from arl_tangram.bench.live.common import Progress, SystemRun
 from arl_tangram.bench.live.report import _cores_over_time, quantile
+from arl_tangram.runtime.actions import ActionResult
 from tests.managers.cpu.conftest import needs_root
 
 ADD = Problem(
@@ -57,6 +65,25 @@ def test_plans_are_seeded_and_half_the_first_attempts_are_broken() -> None:
     assert sum(p.first_variant != "canonical" for p in plans) == 4
     assert all(len(p.think_s) == 5 and min(p.think_s) > 0 for p in plans)
     assert config.pod_millicores(2) == 250  # pool cores / batch, in millicores
+
+
+def test_calibration_reads_the_serial_fraction_off_two_run_times() -> None:
+    assert Calibration.serial_from(1.0, 0.5, 2) == 0.0  # halves on two cores: all parallel
+    assert Calibration.serial_from(1.0, 0.75, 2) == 0.5
+    assert Calibration.serial_from(1.0, 1.0, 4) == 1.0  # no faster: all serial
+    assert Calibration.serial_from(1.0, 1.3, 2) == 1.0 and Calibration.serial_from(1.0, 0.1, 2) == 0.0  # noise clamps
+    assert Calibration.serial_from(1.0, 0.5, 1) == 1.0  # one core says nothing
+
+
+def test_the_ideal_gives_each_test_run_the_whole_pool_and_nothing_a_queue() -> None:
+    def record(kind: str, dop: int, exec_s: float) -> coding.ActionRecord:
+        result = ActionResult("a", kind, "succeeded", queue_s=5.0, exec_s=exec_s, overhead_s=0.01, dop=dop)
+        return coding.ActionRecord("env", kind, 0.0, result)
+
+    outcome = coding.TrajectoryOutcome(TrajectoryPlan(0, "toy/add", "canonical", (1.0,) * 5), 0.0)
+    outcome.actions += [record("lint", 1, 0.1), record("test", 1, 1.0), record("test", 2, 0.75)]
+    # s = 0.5 on 2 cores: a DoP-1 run of 1.0 s takes 0.75 s; the DoP-2 run is already there
+    assert ideal_mean_act_s([outcome], serial_fraction=0.5, cores=2) == pytest.approx((0.1 + 0.75 + 0.75) / 3 + 0.01)
 
 
 def test_report_quantiles_and_cores_over_time() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -29,6 +30,7 @@ from typing import Any
 
 import arl_tangram
 from arl_tangram.bench.live.coding_plan import (
+    Calibration,
     CodingConfig,
     Problem,
     TrajectoryPlan,
@@ -90,6 +92,7 @@ class SystemContext:
     problems: dict[str, Problem]
     config: CodingConfig
     pool_cores: int
+    serial_fraction: float  # the tests' declared curve (``Calibration.serial_fraction``)
     t0: float
     burstable_millicores: int = 0
 
@@ -117,27 +120,28 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
         # the model loads on a worker thread while the sandbox calibrates: both take seconds
         async with asyncio.TaskGroup() as group:
             group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
-            calibration = group.create_task(_calibrate(reward, config))
-        problems, turn_core_s = calibration.result()
-        plans = make_plans(config, problems, cores, turn_core_s)
+            calibrating = group.create_task(_calibrate(reward, config, cores))
+        problems, calibration = calibrating.result()
+        plans = make_plans(config, problems, cores, calibration.turn_core_s)
         by_id = {p.task_id: p for p in problems}
         device_bytes = _service_bytes(reward)
         runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]] = {}
         for system in systems:
             progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
             load_1m = os.getloadavg()[0]
-            outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, progress)
+            outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, calibration, progress)
             runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
             runs[system][0].extra["host_load_1m"] = (load_1m + os.getloadavg()[0]) / 2  # systems run at different times
-    result = workload_result(runs, config, problems, cores, turn_core_s)
+    result = workload_result(runs, config, problems, cores, calibration)
     result.summary["host_load_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return result
 
 
-async def _calibrate(client: AsyncClient, config: CodingConfig) -> tuple[list[Problem], float]:
-    """Inside one sandbox: check every candidate's variants and time its check; then run one
-    turn (lint + canonical test run, one core) of the first problem kept and measure its CPU
-    seconds, which set the think time. Returns (problems, the turn's CPU seconds)."""
+async def _calibrate(client: AsyncClient, config: CodingConfig, cores: int) -> tuple[list[Problem], Calibration]:
+    """Inside one sandbox, alone on the pool: check every candidate's variants and time its
+    check; then, for each of the first ``calibration_problems`` problems kept, run one turn
+    (lint + canonical test run at DoP 1) and the same test run on all ``cores``. Their CPU
+    seconds set the think time, their run times the tests' declared curve (``Calibration``)."""
     candidates = candidate_problems(config.num_problems, config.seed)
     async with await client.create_env(memory=config.env_mem) as env:
         await env.write_file("runner.py", RUNNER_SOURCE)
@@ -146,14 +150,17 @@ async def _calibrate(client: AsyncClient, config: CodingConfig) -> tuple[list[Pr
         if not r.ok:
             raise RuntimeError(f"coding: calibration failed ({r.outcome}, {r.cause}): {r.stderr[-500:]}")
         problems = calibrated(candidates, json.loads(r.stdout), config)
-        p = problems[0]
-        await env.write_file("problem.json", json.dumps({"test": p.test, "entry_point": p.entry_point, "reps": p.reps}))
-        await env.write_file("sol.py", p.solution("canonical"))
-        lint = await env.exec("python3 -m py_compile sol.py", cpu=1, kind="calibrate")
-        test = await env.exec("python3 runner.py problem.json sol.py", cpu=1, timeout_s=120.0, kind="calibrate")
-    if not (lint.ok and test.ok):
-        raise RuntimeError(f"coding: the calibration turn failed: lint {lint.outcome}, test {test.outcome} {test.stdout[-300:]}")
-    return problems, lint.cpu_s + test.cpu_s
+        turns_core_s, serials = [], []
+        for p in problems[: max(1, config.calibration_problems)]:
+            await env.write_file("problem.json", json.dumps({"test": p.test, "entry_point": p.entry_point, "reps": p.reps}))
+            await env.write_file("sol.py", p.solution("canonical"))
+            lint = await env.exec("python3 -m py_compile sol.py", cpu=1, kind="calibrate")
+            runs = [await env.exec("python3 runner.py problem.json sol.py", cpu=n, timeout_s=120.0, kind="calibrate") for n in (1, cores)]
+            if not (lint.ok and all(t.ok for t in runs)):
+                raise RuntimeError(f"coding: the calibration turn of {p.task_id} failed: lint {lint.outcome}, tests {[t.outcome for t in runs]}")
+            turns_core_s.append(lint.cpu_s + runs[0].cpu_s)
+            serials.append(Calibration.serial_from(runs[0].exec_s, runs[1].exec_s, cores))
+    return problems, Calibration(statistics.fmean(turns_core_s), statistics.median(serials), len(turns_core_s))
 
 
 def _service_bytes(client: AsyncClient) -> int:
@@ -172,12 +179,12 @@ def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConf
 
 async def _run_system(
     system: str, reward: AsyncClient, problems: dict[str, Problem], plans: list[TrajectoryPlan],
-    config: CodingConfig, cores: int, progress: Progress,
+    config: CodingConfig, cores: int, calibration: Calibration, progress: Progress,
 ) -> tuple[list[TrajectoryOutcome], float]:  # fmt: skip
     """All trajectories at once on a fresh runtime of ``system``; (outcomes, step seconds)."""
     async with arl_tangram.connect(config=_system_config(system, config, cores), tenant=WORKLOAD) as tg:
         burstable = config.pod_millicores(cores) if system == "k8s-burstable" else 0
-        ctx = SystemContext(system, tg, reward, problems, config, cores, time.monotonic(), burstable)
+        ctx = SystemContext(system, tg, reward, problems, config, cores, calibration.serial_fraction, time.monotonic(), burstable)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_trajectory(ctx, plan, progress)) for plan in plans]
         outcomes = [t.result() for t in tasks]
@@ -241,7 +248,7 @@ async def _turn(
     await env.write_file("sol.py", problem.solution(variant))
     lint = await _action(ctx, out, "env", env.exec("python3 -m py_compile sol.py", cpu=1, kind="lint"), out.env_wait_s if first else 0.0)
     await asyncio.sleep(think_s[1])  # the LLM decides to run the tests
-    cpu = Elastic(1, ctx.pool_cores, serial_fraction=ctx.config.serial_fraction())
+    cpu = Elastic(1, ctx.pool_cores, serial_fraction=ctx.serial_fraction)
     test = await _action(ctx, out, "env", env.exec(
         "python3 runner.py problem.json sol.py", cpu=cpu, kind="test", timeout_s=ctx.config.test_timeout_s))  # fmt: skip
     passed = test.outcome == "succeeded" and _report(test).get("reps_run") == problem.reps

@@ -36,6 +36,7 @@ class CodingConfig:
     test_startup_s: float = 0.06  # measured here: interpreter start + fork of the worker pool, the serial part of a test run
     env_mem: str = "256MiB"  # assumption: sandbox memory held for the trajectory's life (all systems)
     test_timeout_s: float = 120.0  # generous: a Guaranteed pod at 62 millicores runs a test for ~5 s
+    calibration_problems: int = 4  # problems whose turn is timed at calibration (a mean: one problem's turn varies by half between problems)
     seed: int = 0
 
     @classmethod
@@ -48,7 +49,8 @@ class CodingConfig:
         return max(1, pool_cores * MILLICORES_PER_CORE // self.num_trajectories)
 
     def serial_fraction(self) -> float:
-        """Amdahl serial fraction the test runs declare: their fixed start-up over their work."""
+        """Amdahl serial fraction by the parameters: the test runs' fixed start-up over their
+        work (the nominal curve; the trajectories declare the one calibration measures)."""
         return min(1.0, self.test_startup_s / (self.test_startup_s + self.test_work_s))
 
     def nominal_turn_core_s(self) -> float:
@@ -67,6 +69,27 @@ class CodingConfig:
     def describe(self, pool_cores: int, turn_core_s: float | None = None) -> dict[str, object]:
         return {**asdict(self), "pod_millicores": self.pod_millicores(pool_cores), "turn_core_s": turn_core_s,
                 "serial_fraction": self.serial_fraction(), "think_mean_s": self.think_mean_s(pool_cores, turn_core_s)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the calibration measured in one uncontended sandbox, before the trajectories:
+    the mean CPU seconds of one turn (lint + canonical test run at DoP 1, over ``samples``
+    problems), which sets the think time, and the test runs' Amdahl serial fraction
+    (median over the same problems of their DoP-1 and full-pool run times), which the
+    trajectories declare as their tests' profiled curve (PAPER: E is profiled offline)."""
+
+    turn_core_s: float
+    serial_fraction: float
+    samples: int
+
+    @staticmethod
+    def serial_from(t1_s: float, tn_s: float, n: int) -> float:
+        """Amdahl's s from a run of ``t1_s`` on one core and ``tn_s`` on ``n``:
+        T(n)/T(1) = s + (1 - s)/n, clamped to [0, 1]."""
+        if n < 2 or t1_s <= 0:
+            return 1.0
+        return min(1.0, max(0.0, (n * tn_s / t1_s - 1) / (n - 1)))
 
 
 @dataclass(frozen=True)

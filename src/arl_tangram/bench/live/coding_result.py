@@ -11,13 +11,14 @@ import math
 import os
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from arl_tangram.bench.live.coding_plan import CodingConfig, Problem
+from arl_tangram.bench.live.coding_plan import Calibration, CodingConfig, Problem
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 
 if TYPE_CHECKING:
-    from arl_tangram.bench.live.coding import ActionRecord, TrajectoryOutcome
+    from arl_tangram.bench.live.coding import TrajectoryOutcome
 
 TANGRAM = "tangram"
 
@@ -60,18 +61,20 @@ def _add_extras(run: SystemRun, outcomes: list[TrajectoryOutcome]) -> None:
 
 def workload_result(
     runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem],
-    cores: int, turn_core_s: float,
+    cores: int, calibration: Calibration,
 ) -> WorkloadResult:  # fmt: skip
-    """The workload's result; ``turn_core_s`` is the calibration turn's CPU (sets think time)."""
+    """The workload's result; ``calibration`` set the think time and the tests' declared curve."""
     for run, outcomes in runs.values():
         _add_extras(run, outcomes)
     systems = [r for r, _ in runs.values()]
-    summary = _summary(runs, config, cores)
-    summary["parameters"] = config.describe(cores, turn_core_s)
-    return WorkloadResult("coding", systems, summary, _fitted(runs, config, problems, cores, turn_core_s))
+    summary = _summary(runs, config, cores, calibration)
+    summary["parameters"] = {**config.describe(cores, calibration.turn_core_s), "calibration": asdict(calibration)}
+    return WorkloadResult("coding", systems, summary, _fitted(runs, config, problems, cores, calibration))
 
 
-def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, cores: int) -> dict[str, Any]:
+def _summary(
+    runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, cores: int, calibration: Calibration
+) -> dict[str, Any]:
     tangram = runs[TANGRAM][0] if TANGRAM in runs else None
     baselines = [r for name, (r, _) in runs.items() if name != TANGRAM]
     all_outcomes = [o for _, outs in runs.values() for o in outs]
@@ -101,36 +104,47 @@ def _summary(runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config:
             env_act_gain=_ratio(best_act.extra["mean_env_act_s"], tangram.extra["mean_env_act_s"]),
             reward_act_gain=_ratio(best_act.extra["mean_reward_act_s"], tangram.extra["mean_reward_act_s"]),
         )
+        ideal_s = ideal_mean_act_s(runs[TANGRAM][1], calibration.serial_fraction, cores)
+        summary.update(ideal_mean_act_s=ideal_s, act_gain_ceiling=_ratio(best_act.mean_act_s, ideal_s))
     return summary
 
 
-def _serial_fraction(tests: list[ActionRecord], declared: float) -> float:
-    """Amdahl s from canonical test runs at DoP 1 and 2 (T2/T1 = s + (1 - s)/2), else declared."""
-    by_dop: dict[int, list[float]] = {}
-    for a in tests:
-        if a.result.outcome == "succeeded" and a.result.dop in (1, 2):
-            by_dop.setdefault(int(a.result.dop), []).append(a.result.exec_s)
-    if len(by_dop.get(1, [])) < 3 or len(by_dop.get(2, [])) < 3:
-        return declared
-    return min(1.0, max(0.0, 2 * _mean(by_dop[2]) / _mean(by_dop[1]) - 1))
+def ideal_mean_act_s(outcomes: list[TrajectoryOutcome], serial_fraction: float, cores: int) -> float:
+    """Mean ACT if every action had the whole pool to itself: no queue, each test run at
+    DoP ``cores`` on the calibrated curve (its measured run rescaled from the DoP it got),
+    the rest as measured, the platform's overhead kept. No allocation of these cores does
+    better, so best baseline / this is the most any scheduler could gain here."""
+
+    def amdahl(m: int) -> float:
+        return serial_fraction + (1 - serial_fraction) / max(1, m)
+
+    acts = []
+    for a in (a for o in outcomes for a in o.actions):
+        exec_s = a.result.exec_s
+        if a.kind == "test":
+            exec_s *= amdahl(cores) / amdahl(int(a.result.dop or 1))
+        acts.append(exec_s + a.result.overhead_s)
+    return _mean(acts)
 
 
 def _fitted(
     runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]], config: CodingConfig, problems: list[Problem],
-    cores: int, turn_core_s: float,
+    cores: int, calibration: Calibration,
 ) -> dict[str, Any]:  # fmt: skip
     """The coding workload as distribution parameters, measured on the ARL-Tangram run
-    (exclusive grants, so execution times are the actions' own), for ``sim.workloads.coding``."""
+    (exclusive grants, so execution times are the actions' own), for ``sim.workloads.coding``.
+    The tests' serial fraction is the calibration's (measured alone on the pool, and the
+    curve the live tests declared), not one fitted from in-run times that host load skews."""
     outcomes = runs[TANGRAM][1] if TANGRAM in runs else next(iter(runs.values()))[1]
     actions = [a for o in outcomes for a in o.actions]
     lints = [a for a in actions if a.kind == "lint"]
     tests = [a for a in actions if a.kind == "test"]
     rewards = [a for a in actions if a.category == "reward"]
-    s = _serial_fraction(tests, config.serial_fraction())
+    s = calibration.serial_fraction
     # a run's work on one core: T(m) = T1 (s + (1 - s) / m)  =>  T1 = T(m) / (s + (1 - s) / m)
     t_ori = [a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests]
     env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
-    think_turn_s = config.think_mean_s(cores, turn_core_s)
+    think_turn_s = config.think_mean_s(cores, calibration.turn_core_s)
     reward_s = [sum(a.result.exec_s for a in o.actions if a.category == "reward") for o in outcomes]
     env_start = [o.env_start_s for o in outcomes]
     mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
