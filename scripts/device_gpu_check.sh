@@ -76,7 +76,8 @@ print("CUDA tests run:", "all" if not missing else f"MISSING {missing}")
 sys.exit(1 if missing else 0)
 EOF
 
-# 3. The bench at realistic sizes: a 4 GB bf16 teacher for swap-in vs raw copy vs cold load,
+# 3. The bench at realistic sizes: a 4 GB bf16 teacher for swap-in vs raw copy (20 interleaved
+#    rounds after 2 warm-up rounds: about 8 s at 25 GB/s) vs cold load (3 repeats),
 #    1 GB services for the loop-stall test, 9 x 256 MB teachers for MOPD. The fragmentation
 #    churn runs on a CPU arena whatever the machine (shapes scaled down, ratio scale-free):
 #    default scale. Models are generated (seeded) under /tmp, about 7 GB of disk.
@@ -87,7 +88,8 @@ tail -12 "$OUT/bench_gpu.err"
 step bench_json 10 "$PY" - "$OUT/bench_gpu.json" <<'EOF'
 import json, sys
 result = json.load(open(sys.argv[1]))
-keys = ["swap_efficiency", "swap_vs_cold", "fragmentation_largest_free_extent_ratio",
+keys = ["swap_efficiency", "swap_efficiency_p25", "swap_efficiency_p75",
+        "swap_efficiency_rounds", "swap_vs_cold", "fragmentation_largest_free_extent_ratio",
         "loop_stall_p99_ms", "resident_call_slowdown_during_swaps", "targets", "phase_s"]
 missing = [k for k in keys if k not in result]
 assert not missing, f"bench JSON lacks {missing}"

@@ -4,7 +4,9 @@ Measures, on CUDA when torch sees it and on a CPU device with a memory budget ot
 - ``raw_copy_gbps``: one plain host -> device copy of a buffer the size of the model into a
   preallocated device buffer (pinned source on CUDA): the physical limit of a swap-in;
 - ``swap_in_gbps`` / ``swap_in_s``: the manager's real swap-in path for the same model
-  (reserve an extent, copy, build the replica's module), timed around ``GpuManager.load``;
+  (reserve an extent, copy, bind the replica's module), timed around ``GpuManager.load``;
+- ``swap_efficiency`` (with ``_p25``/``_p75``): median over interleaved rounds of raw copy
+  seconds / swap-in seconds, each swap-in against the raw copies around it (``gpu_swap``);
 - ``cold_load_s``: build the module and load its safetensors from disk (the files dropped from
   the page cache first), weights materialised on the device (``from_pretrained`` + ``.to``);
 - ``fragmentation_largest_free_extent_ratio``: largest free extent / total free bytes during a
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from arl_tangram.bench import gpu_fragmentation, gpu_stall
+from arl_tangram.bench import gpu_fragmentation, gpu_stall, gpu_swap
 
 ASSUMPTIONS = {
     "mopd_trace": "closed loop, one request at a time; teacher drawn from Zipf(s) over a seeded "
@@ -40,6 +42,9 @@ ASSUMPTIONS = {
     "--mopd-tokens random token ids per request. Not a published trace: our assumption.",
     "static": "each teacher resident in its own arena sized to it (no swaps), bytes = sum",
     "tangram": "one arena sized to hold 3 teachers at once, LRU Evict-on-Execution",
+    "swap_efficiency": "raw copy and swap-in of the same bytes interleaved (raw, swap, raw, ...) "
+    f"for --swap-rounds after {gpu_swap.WARMUP_ROUNDS} warm-up rounds; per round, the mean of the "
+    "raw copies just before and after / the swap-in; median, p25 and p75 over rounds",
     "cold_load": "the model's files are dropped from the page cache (posix_fadvise DONTNEED) before "
     "each timed load; cold_load_page_cache_s is the same load with the files cached",
     "fragmentation": "bf16 Qwen2.5-shaped models 0.5B-14B plus MiniLM-sized rewards on an 80 GiB "
@@ -69,7 +74,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--teacher-mb", type=float, default=24, help="size of each MOPD teacher")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument(
-        "--repeats", type=int, default=5, help="repeats of each timed copy/swap/load"
+        "--repeats", type=int, default=5, help="repeats of each timed cold load (at most 3)"
+    )
+    parser.add_argument(
+        "--swap-rounds",
+        type=int,
+        default=20,
+        help="interleaved raw-copy/swap-in rounds timed for swap_efficiency",
     )
     parser.add_argument("--mopd-requests", type=int, default=300)
     parser.add_argument("--mopd-tokens", type=int, default=128)
@@ -100,11 +111,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _sync(torch: Any, device: Any) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_s(repeats: int, run: Callable[[], float]) -> float:
     run()  # warm-up: first touch, lazy inits
     return statistics.median(run() for _ in range(repeats))
@@ -121,23 +127,6 @@ def _device_spec(args: argparse.Namespace, name: str, budget_bytes: int) -> Any:
             name.replace("dev", "cuda:"), f"cuda:{index}", "cuda", budget_bytes, "cuda"
         )
     return DeviceSpec(name.replace("dev", "cpu:"), "cpu", "cpu", budget_bytes, "host memory arena")
-
-
-def _raw_copier(torch: Any, device: Any, payload: int) -> Callable[[], float]:
-    """One plain host -> device copy of ``payload`` bytes (pinned on CUDA); returns seconds."""
-    on_cuda = device.type == "cuda"
-    source = torch.ones(payload, dtype=torch.uint8)
-    source = source.pin_memory() if on_cuda else source
-    target = torch.zeros(payload, dtype=torch.uint8, device=device)
-
-    def raw() -> float:
-        _sync(torch, device)
-        started = time.perf_counter()
-        target.copy_(source, non_blocking=on_cuda)
-        _sync(torch, device)
-        return time.perf_counter() - started
-
-    return raw
 
 
 def _drop_file_cache(folder: Path) -> bool:
@@ -174,7 +163,7 @@ def _cold_loader(torch: Any, device: Any, folder: Path, drop_cache: bool) -> Cal
         if device.type == "cpu":
             for tensor in list(module.parameters()) + list(module.buffers()):
                 tensor.data = tensor.data.clone()
-        _sync(torch, device)
+        gpu_swap.sync(torch, device)
         elapsed = time.perf_counter() - started
         del module
         return elapsed
@@ -185,7 +174,6 @@ def _cold_loader(torch: Any, device: Any, folder: Path, drop_cache: bool) -> Cal
 def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     import torch
 
-    from arl_tangram.managers.gpu import GpuManager
     from arl_tangram.managers.gpu.models import load_folder
 
     probe = load_folder(folder, "logprobs")
@@ -196,37 +184,24 @@ def measure_copy_swap_cold(args: argparse.Namespace, folder: Path) -> dict[str, 
     del probe
     spec = _device_spec(args, "dev0", int(payload * 1.25) + (8 << 20))
     device = torch.device(spec.torch_device)
-    raw = _raw_copier(torch, device, payload)
-    with GpuManager([spec]) as manager:
-        manager.register_folder("model", folder, "logprobs")
-        manager.load("model", "model", [0])
-
-        def swap() -> float:
-            manager.evict("model")
-            started = time.perf_counter()
-            manager.load("model", "model", [0])
-            return time.perf_counter() - started
-
-        raw(), swap()  # warm-up
-        pairs = [(raw(), swap()) for _ in range(args.repeats)]  # interleaved: same noise for both
-        footprint = manager.footprint_bytes("model", 1)
-    raw_s = statistics.median(p[0] for p in pairs)
-    swap_s = statistics.median(p[1] for p in pairs)
-    _log(f"{payload / 1e6:.0f} MB: raw copy {raw_s * 1e3:.2f} ms, swap-in {swap_s * 1e3:.2f} ms")
+    swap = gpu_swap.measure(spec, folder, payload, args.swap_rounds)
+    swap_s = swap["swap_in_s"]
+    _log(
+        f"{payload / 1e6:.0f} MB: raw copy {swap['raw_copy_s'] * 1e3:.2f} ms, swap-in "
+        f"{swap_s * 1e3:.2f} ms; efficiency {swap['swap_efficiency']:.3f} (p25 "
+        f"{swap['swap_efficiency_p25']:.3f}, p75 {swap['swap_efficiency_p75']:.3f}, "
+        f"{swap['swap_efficiency_rounds']} rounds)"
+    )
     cold_s = _median_s(max(1, min(args.repeats, 3)), _cold_loader(torch, device, folder, True))
     warm_s = _median_s(max(1, min(args.repeats, 3)), _cold_loader(torch, device, folder, False))
     dropped = _drop_file_cache(folder)
     _log(f"cold load: {cold_s:.3f} s from disk, {warm_s:.3f} s from the page cache")
     return {
         "model_bytes": payload,
-        "model_footprint_bytes": footprint,
-        "raw_copy_gbps": payload / raw_s / 1e9,
-        "swap_in_gbps": payload / swap_s / 1e9,
-        "swap_efficiency": raw_s / swap_s,
+        **swap,
         "cold_load_s": cold_s,
         "cold_load_cache_dropped": dropped,
         "cold_load_page_cache_s": warm_s,
-        "swap_in_s": swap_s,
         "swap_vs_cold": cold_s / swap_s,
         "swap_vs_cold_page_cache": warm_s / swap_s,
     }
@@ -322,7 +297,11 @@ def _print_table(result: dict[str, Any]) -> None:
         ("model bytes", f"{result['model_bytes'] / 1e6:.1f} MB"),
         ("raw copy", f"{result['raw_copy_gbps']:.2f} GB/s"),
         ("swap-in", f"{result['swap_in_gbps']:.2f} GB/s ({result['swap_in_s'] * 1e3:.2f} ms)"),
-        ("swap efficiency", f"{result['swap_efficiency']:.3f}"),
+        (
+            "swap efficiency",
+            f"{result['swap_efficiency']:.3f} (p25 {result['swap_efficiency_p25']:.3f}, "
+            f"p75 {result['swap_efficiency_p75']:.3f}, {result['swap_efficiency_rounds']} rounds)",
+        ),
         ("cold load", f"{result['cold_load_s']:.3f} s"),
         ("swap vs cold", f"{result['swap_vs_cold']:.1f}x"),
         (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from arl_tangram.bench import gpu, gpu_stall
+from arl_tangram.bench import gpu, gpu_stall, gpu_swap
 
 
 def test_bench_prints_one_json_object_with_the_required_keys(
@@ -46,6 +46,8 @@ def test_bench_prints_one_json_object_with_the_required_keys(
         "raw_copy_gbps",
         "swap_in_gbps",
         "swap_efficiency",
+        "swap_efficiency_p25",
+        "swap_efficiency_p75",
         "cold_load_s",
         "swap_in_s",
         "swap_vs_cold",
@@ -62,6 +64,24 @@ def test_bench_prints_one_json_object_with_the_required_keys(
     assert mopd["static_swap_ins"] == 0 and mopd["tangram_swap_ins"] > 0
     assert 0 < result["fragmentation_largest_free_extent_ratio"] <= 1
     assert result["loop_stall_p99_ms"] >= 0 and result["resident_call_slowdown_during_swaps"] > 0
+    assert result["swap_efficiency_p25"] <= result["swap_efficiency"]
+    assert result["swap_efficiency"] <= result["swap_efficiency_p75"]
+    assert result["swap_efficiency_rounds"] == 20  # the default, after the warm-up rounds
+
+
+def test_each_swap_in_is_compared_with_the_raw_copies_around_it() -> None:
+    # The host slows down 3x partway; each swap-in takes 1.25x the raw copies around it.
+    raws = [1.0, 1.0, 3.0, 3.0, 3.0]
+    swaps = [1.25 * (raws[i] + raws[i + 1]) / 2 for i in range(4)]
+    assert gpu_swap.bracketed_ratios(raws, swaps) == pytest.approx([0.8] * 4)
+    out = gpu_swap.summarise(raws, swaps, payload=10**9)
+    assert out["swap_efficiency"] == out["swap_efficiency_p25"] == pytest.approx(0.8)
+    assert out["swap_efficiency_p75"] == pytest.approx(0.8)
+    assert out["swap_efficiency_rounds"] == 4 and out["swap_efficiency_by_round"] == [0.8] * 4
+    # The medians of the two lists taken apart come from different rounds: 3.0 / 3.125 = 0.96.
+    assert out["raw_copy_s"] / out["swap_in_s"] == pytest.approx(0.96)
+    with pytest.raises(ValueError):
+        gpu_swap.bracketed_ratios(raws, swaps[:2])
 
 
 def test_stall_samples_are_classed_by_overlap_with_a_swap() -> None:
