@@ -97,27 +97,31 @@ def test_report_quantiles_and_cores_over_time() -> None:
 
 @needs_root
 def test_coding_on_every_system_finishes_every_trajectory_with_right_verdicts() -> None:
-    config = CodingConfig(num_trajectories=4, num_problems=3, test_work_s=0.05, seed=1)
+    config = CodingConfig(num_trajectories=4, num_problems=3, test_work_s=0.05, steps=2, calibration_problems=2, seed=1)
     result = asyncio.run(coding.run_async(config, Progress(min_interval_s=5.0)))
     s = result.summary
     assert [r.system for r in result.runs] == list(coding.SYSTEMS)
-    assert s["trajectories_finished"] == s["trajectories"] == 4 * len(coding.SYSTEMS)
+    assert s["trajectories_finished"] == s["trajectories"] == 4 * len(coding.SYSTEMS) * 2  # every step's batch
+    assert all(len(each) == 2 and min(each) > 0 for each in s["step_s_each"].values())
+    assert s["parameters"]["calibration"]["samples"] == 2 and 0 <= s["parameters"]["calibration"]["serial_fraction"] <= 1
     assert s["rewards_correct"] == 1.0 and s["actions_lost"] == 0, s
     assert s["minilm_score_mean"] > 0.99  # every final solution is the canonical one
     # every action is accounted for: per turn a lint and a test (half the first attempts are
-    # broken and retried: 4 + 2 turns), and one score per trajectory
+    # broken and retried: 4 + 2 turns), and one score per trajectory, in each of 2 steps
     for run in result.runs:
-        assert isinstance(run, SystemRun) and len(run.act_s) == 2 * (4 + 2) + 4, run.system
+        assert isinstance(run, SystemRun) and len(run.act_s) == 2 * (2 * (4 + 2) + 4), run.system
         assert all(a >= 0 for a in run.act_s) and run.core_s_used > 0 and run.reserved_spans
     assert {"act_gain", "step_gain", "best_baseline"} <= set(s)
     assert result.fitted["batch"] == 4 and result.fitted["cores"] >= 1
+    assert (result.fitted["attempts_max"], result.fitted["retry_fraction"]) == (2, 0.5)  # the live shape, for the simulator
+    assert s["ideal_mean_act_s"] > 0 and s["act_gain_ceiling"] > 0
 
 
 @needs_root
 def test_main_runs_only_coding_quick_prints_one_json_object_and_writes_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    small = CodingConfig(num_trajectories=3, num_problems=2, test_work_s=0.05)
+    small = CodingConfig(num_trajectories=3, num_problems=2, test_work_s=0.05, steps=1, calibration_problems=1)
     monkeypatch.setattr(CodingConfig, "quick", classmethod(lambda cls, seed=0: small))
     code = live.main(["--quick", "--json", "--only", "coding", "--report-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout

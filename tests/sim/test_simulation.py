@@ -244,3 +244,17 @@ def test_elastic_beats_fixed_dop_on_a_dense_pool() -> None:
     elastic = act("elastic", {})
     assert elastic < act("fixed-dop", {"dop": 4})
     assert elastic < act("fixed-dop", {"dop": 16})
+
+
+def test_coding_attempts_alternate_a_command_and_a_test_and_fail_fast_until_the_last() -> None:
+    params = CodingParams(batch=200, attempts_max=2, retry_fraction=0.5, test_t_ori_mean_s=1.0, test_fail_t_ori_mean_s=0.01, sigma=0.1)
+    shapes = []
+    for plan in coding_workload(params, seed=3).trajectories:
+        env = [tpl for _, tpl in plan.phases if tpl.category == "env"]
+        shapes.append(len(env))
+        assert [t.kind for t in env] == ["command", "test"] * (len(env) // 2)  # every batch's first actions are commands
+        tests = [t.t_ori_s for t in env if t.kind == "test"]
+        assert max(tests[:-1], default=0.0) < 0.1 < 0.5 < tests[-1]  # the failing runs stop early; the last passes
+    assert set(shapes) == {2, 4} and 0.4 < shapes.count(4) / len(shapes) < 0.6
+    mixed = coding_workload(dataclasses.replace(params, attempts_max=0), seed=3).trajectories
+    assert any(plan.phases[0][1].kind == "test" for plan in mixed)  # the default mixes kinds at random

@@ -111,7 +111,7 @@ def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
 async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str, ...] = SYSTEMS) -> WorkloadResult:
     cores = pool_cores()
     load_before = os.getloadavg()[0]  # the host is shared: its load is part of the figures
-    progress.start(WORKLOAD, config.num_trajectories * len(systems))
+    progress.start(WORKLOAD, config.num_trajectories * len(systems) * config.steps)
     reward_config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
     async with arl_tangram.connect(config=reward_config, tenant="reward") as reward:
         from arl_tangram.managers.gpu.models import minilm_path
@@ -122,18 +122,26 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
             group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
             calibrating = group.create_task(_calibrate(reward, config, cores))
         problems, calibration = calibrating.result()
-        plans = make_plans(config, problems, cores, calibration.turn_core_s)
         by_id = {p.task_id: p for p in problems}
         device_bytes = _service_bytes(reward)
+        t0 = time.monotonic()  # one clock for every system and step: their spans never overlap
+        done: dict[str, list[tuple[list[TrajectoryOutcome], float, float]]] = {s: [] for s in systems}
+        for step in range(config.steps):  # every system runs each step's batch, one after another
+            plans = make_plans(replace(config, seed=config.seed + step), problems, cores, calibration.turn_core_s)
+            for system in systems:
+                progress.note(WORKLOAD, f"step {step + 1}/{config.steps}, system {system}: {len(plans)} trajectories")
+                load_1m = os.getloadavg()[0]
+                outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, calibration, t0, progress)
+                done[system].append((outcomes, step_s, (load_1m + os.getloadavg()[0]) / 2))
         runs: dict[str, tuple[SystemRun, list[TrajectoryOutcome]]] = {}
-        for system in systems:
-            progress.note(WORKLOAD, f"system {system}: {len(plans)} trajectories")
-            load_1m = os.getloadavg()[0]
-            outcomes, step_s = await _run_system(system, reward, by_id, plans, config, cores, calibration, progress)
+        for system, steps in done.items():
+            outcomes = [o for outs, _, _ in steps for o in outs]
+            step_s = statistics.fmean(s for _, s, _ in steps)
             runs[system] = (_system_run(system, outcomes, step_s, config, cores, device_bytes), outcomes)
-            runs[system][0].extra["host_load_1m"] = (load_1m + os.getloadavg()[0]) / 2  # systems run at different times
+            runs[system][0].extra["host_load_1m"] = statistics.fmean(load for _, _, load in steps)  # systems run at different times
     result = workload_result(runs, config, problems, cores, calibration)
     result.summary["host_load_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    result.summary["step_s_each"] = {system: [round(s, 3) for _, s, _ in steps] for system, steps in done.items()}
     return result
 
 
@@ -179,12 +187,13 @@ def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConf
 
 async def _run_system(
     system: str, reward: AsyncClient, problems: dict[str, Problem], plans: list[TrajectoryPlan],
-    config: CodingConfig, cores: int, calibration: Calibration, progress: Progress,
+    config: CodingConfig, cores: int, calibration: Calibration, t0: float, progress: Progress,
 ) -> tuple[list[TrajectoryOutcome], float]:  # fmt: skip
-    """All trajectories at once on a fresh runtime of ``system``; (outcomes, step seconds)."""
+    """All trajectories at once on a fresh runtime of ``system``, their times measured from
+    ``t0`` (monotonic); returns (outcomes, step seconds)."""
     async with arl_tangram.connect(config=_system_config(system, config, cores), tenant=WORKLOAD) as tg:
         burstable = config.pod_millicores(cores) if system == "k8s-burstable" else 0
-        ctx = SystemContext(system, tg, reward, problems, config, cores, calibration.serial_fraction, time.monotonic(), burstable)
+        ctx = SystemContext(system, tg, reward, problems, config, cores, calibration.serial_fraction, t0, burstable)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_trajectory(ctx, plan, progress)) for plan in plans]
         outcomes = [t.result() for t in tasks]

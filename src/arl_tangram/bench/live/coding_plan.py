@@ -36,13 +36,14 @@ class CodingConfig:
     test_startup_s: float = 0.06  # measured here: interpreter start + fork of the worker pool, the serial part of a test run
     env_mem: str = "256MiB"  # assumption: sandbox memory held for the trajectory's life (all systems)
     test_timeout_s: float = 120.0  # generous: a Guaranteed pod at 62 millicores runs a test for ~5 s
+    steps: int = 2  # assumption: RL steps run, each a fresh batch of plans (seeds seed, seed + 1, ...) on every system; figures pool their actions (two halve a step's sampling noise in the mean ACT)
     calibration_problems: int = 4  # problems whose turn is timed at calibration (a mean: one problem's turn varies by half between problems)
     seed: int = 0
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:
         """``--quick``: fewer trajectories and lighter test runs (the same shape)."""
-        return cls(num_trajectories=8, num_problems=8, test_work_s=0.15, seed=seed)
+        return cls(num_trajectories=8, num_problems=8, test_work_s=0.15, steps=1, seed=seed)
 
     def pod_millicores(self, pool_cores: int) -> int:
         """What an operator requests per pod for this batch: pool cores / batch (PAPER)."""

@@ -142,7 +142,11 @@ def _fitted(
     rewards = [a for a in actions if a.category == "reward"]
     s = calibration.serial_fraction
     # a run's work on one core: T(m) = T1 (s + (1 - s) / m)  =>  T1 = T(m) / (s + (1 - s) / m)
-    t_ori = [a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests]
+    t_ori = {a.result.action_id: a.result.exec_s / (s + (1 - s) / max(1, a.result.dop or 1)) for a in tests}
+    # failing runs stop at their first failed check: a second, short mode, fitted apart so
+    # the spread is each mode's own (one lognormal over both invents a long tail of slow runs)
+    passed = [t_ori[a.result.action_id] for a in tests if a.result.outcome == "succeeded"]
+    failed = [t_ori[a.result.action_id] for a in tests if a.result.outcome != "succeeded"]
     env_actions = [len([a for a in o.actions if a.category == "env"]) for o in outcomes]
     think_turn_s = config.think_mean_s(cores, calibration.turn_core_s)
     reward_s = [sum(a.result.exec_s for a in o.actions if a.category == "reward") for o in outcomes]
@@ -150,20 +154,24 @@ def _fitted(
     mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {
         # sim.workloads.coding.CodingParams, by field name
-        "batch": len(outcomes),
+        "batch": config.num_trajectories,  # one step's (the outcomes pool every step's)
         "turns_min": min(env_actions, default=0),
         "turns_max": max(env_actions, default=0),
         "think_mean_s": think_turn_s / 2,  # before each action, as the plans draw it
         "think_sigma": config.think_sigma,
         "command_mean_s": _mean([a.result.exec_s for a in lints]),
         "test_fraction": _ratio(len(tests), len(tests) + len(lints)),
-        "test_t_ori_mean_s": _mean(t_ori),
+        "test_t_ori_mean_s": _mean(passed),
+        # the live shape: 1 or 2 attempts (lint, then tests), a broken first attempt failing
+        "attempts_max": max((len(o.verdicts) for o in outcomes), default=1),
+        "retry_fraction": _ratio(sum(len(o.verdicts) > 1 for o in outcomes), len(outcomes)),
+        "test_fail_t_ori_mean_s": _mean(failed),
         "test_serial_fraction": s,
         "serial_sigma": 0.0,
         "test_dop_max": cores,
         "reward_t_ori_mean_s": _mean(reward_s),  # live: MiniLM scoring (CPU device), summed per trajectory
         "env_mem_bytes": _env_mem_bytes(config),
-        "sigma": _log_sigma(t_ori),
+        "sigma": _log_sigma(passed),
         # the platform (sim.platform.Platform) and the cluster
         "action_overhead_s": _mean([a.result.overhead_s for a in actions if a.category == "env"]),
         "env_start_min_s": min(env_start, default=0.0),

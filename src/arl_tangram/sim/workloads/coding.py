@@ -9,6 +9,7 @@ all are printed in the report.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from arl_tangram.core.elasticity import Amdahl, NonElastic
@@ -28,6 +29,9 @@ class CodingParams:
     command_mean_s: float = 0.6  # assumption: single commands (ls, cat, python snippet), non-elastic
     test_fraction: float = 0.4  # assumption: share of env actions that are test runs
     test_t_ori_mean_s: float = 10.0  # assumption: a test run on one core; at ~6-8 cores it takes ~1.5-2 s, so mean exec ≈1 s over all actions (PAPER: ~1 s exec)
+    attempts_max: int = 0  # assumption: 0 mixes env actions at random (turns_min..turns_max, test_fraction); n > 0 makes each trajectory 1..n attempts, each a command (write + lint) then a test run
+    retry_fraction: float = 0.0  # with attempts_max: the chance that an attempt's tests fail and the trajectory tries again
+    test_fail_t_ori_mean_s: float = 0.0  # with attempts_max: a failing run's time on one core (it stops at its first failing check)
     test_serial_fraction: float = 0.04  # assumption: test runs scale well up to their test count (PAPER: calibrating section); the mean of the per-run draws and the curve clients declare
     serial_sigma: float = 0.6  # assumption: lognormal spread of each test run's true serial fraction around the mean (suites differ); 0 gives every run the declared curve
     test_dop_max: int = 32  # assumption: test cases per run bound the useful workers
@@ -52,18 +56,42 @@ def _test_run(kind: str, t_ori: float, p: CodingParams, category: str, rng: rand
     )
 
 
+def _mixed(p: CodingParams, rng: random.Random) -> Iterator[tuple[float, str, float]]:
+    """(think, kind, t_ori) of ``turns_min..turns_max`` env actions, each a test run with
+    ``test_fraction``, else a single command."""
+    for _ in range(rng.randint(p.turns_min, p.turns_max)):
+        think = lognormal(rng, p.think_mean_s, p.think_sigma)
+        if rng.random() < p.test_fraction:
+            yield think, "test", lognormal(rng, p.test_t_ori_mean_s, p.sigma)
+        else:
+            yield think, "command", lognormal(rng, p.command_mean_s, p.sigma)
+
+
+def _attempts(p: CodingParams, rng: random.Random) -> Iterator[tuple[float, str, float]]:
+    """(think, kind, t_ori) of up to ``attempts_max`` attempts, each a command then a test run:
+    another attempt follows with ``retry_fraction``, and every run but the last fails fast.
+    (Whether a trajectory retries is drawn first, so its shape fixes where its load falls:
+    the batch's first actions are all commands, as in a live rollout.)"""
+    n = 1
+    while n < p.attempts_max and rng.random() < p.retry_fraction:
+        n += 1
+    for k in range(n):
+        yield lognormal(rng, p.think_mean_s, p.think_sigma), "command", lognormal(rng, p.command_mean_s, p.sigma)
+        mean_s = p.test_t_ori_mean_s if k == n - 1 else p.test_fail_t_ori_mean_s
+        yield lognormal(rng, p.think_mean_s, p.think_sigma), "test", lognormal(rng, mean_s, p.sigma)
+
+
 def coding_workload(p: CodingParams, seed: int, tenant: str = "coding") -> Workload:
     rng = random.Random(seed)
     command = ResourceVector(cpu_millicores=MILLICORES_PER_CORE)
     plans = []
     for i in range(p.batch):
         phases: list[tuple[float, ActionTemplate]] = []
-        for _ in range(rng.randint(p.turns_min, p.turns_max)):
-            think = lognormal(rng, p.think_mean_s, p.think_sigma)
-            if rng.random() < p.test_fraction:
-                tpl = _test_run("test", lognormal(rng, p.test_t_ori_mean_s, p.sigma), p, "env", rng)
+        for think, kind, t_ori in _attempts(p, rng) if p.attempts_max > 0 else _mixed(p, rng):
+            if kind == "test":
+                tpl = _test_run("test", t_ori, p, "env", rng)
             else:
-                tpl = ActionTemplate("command", "env", lognormal(rng, p.command_mean_s, p.sigma), fixed=command, elasticity=NonElastic())
+                tpl = ActionTemplate("command", "env", t_ori, fixed=command, elasticity=NonElastic())
             phases.append((think, tpl))
         reward = _test_run("reward", lognormal(rng, p.reward_t_ori_mean_s, p.sigma), p, "reward", rng)
         phases.append((lognormal(rng, p.think_mean_s, p.think_sigma), reward))
