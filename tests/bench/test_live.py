@@ -27,7 +27,7 @@ from arl_tangram.bench.live.coding_plan import (
     TrajectoryPlan,
     make_plans,
 )
-from arl_tangram.bench.live.coding_result import ideal_mean_act_s
+from arl_tangram.bench.live.coding_result import ideal_mean_act_s, ideal_step_s
 from arl_tangram.bench.live.common import Progress, SystemRun
 from arl_tangram.bench.live.report import _cores_over_time, quantile
 from arl_tangram.runtime.actions import ActionResult
@@ -84,6 +84,9 @@ def test_the_ideal_gives_each_test_run_the_whole_pool_and_nothing_a_queue() -> N
     outcome.actions += [record("lint", 1, 0.1), record("test", 1, 1.0), record("test", 2, 0.75)]
     # s = 0.5 on 2 cores: a DoP-1 run of 1.0 s takes 0.75 s; the DoP-2 run is already there
     assert ideal_mean_act_s([outcome], serial_fraction=0.5, cores=2) == pytest.approx((0.1 + 0.75 + 0.75) / 3 + 0.01)
+    # a step: the trajectory's life less its ACTs (3 x 5.01 s queued) plus the ideal ones
+    outcome.ended_s = 20.0
+    assert ideal_step_s([outcome, outcome], 1, 0.5, 2) == pytest.approx(20.0 - (5.11 + 6.01 + 5.76) + (0.11 + 0.76 + 0.76))
 
 
 def test_report_quantiles_and_cores_over_time() -> None:
@@ -114,7 +117,7 @@ def test_coding_on_every_system_finishes_every_trajectory_with_right_verdicts() 
     assert {"act_gain", "step_gain", "best_baseline"} <= set(s)
     assert result.fitted["batch"] == 4 and result.fitted["cores"] >= 1
     assert (result.fitted["attempts_max"], result.fitted["retry_fraction"]) == (2, 0.5)  # the live shape, for the simulator
-    assert s["ideal_mean_act_s"] > 0 and s["act_gain_ceiling"] > 0
+    assert s["ideal_mean_act_s"] > 0 and s["act_gain_ceiling"] > 0 and 0 < s["ideal_step_s"] <= s["step_s"]["tangram"]
 
 
 @needs_root

@@ -18,7 +18,7 @@ from arl_tangram.bench.live.coding_plan import Calibration, CodingConfig, Proble
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 
 if TYPE_CHECKING:
-    from arl_tangram.bench.live.coding import TrajectoryOutcome
+    from arl_tangram.bench.live.coding import ActionRecord, TrajectoryOutcome
 
 TANGRAM = "tangram"
 
@@ -104,27 +104,41 @@ def _summary(
             env_act_gain=_ratio(best_act.extra["mean_env_act_s"], tangram.extra["mean_env_act_s"]),
             reward_act_gain=_ratio(best_act.extra["mean_reward_act_s"], tangram.extra["mean_reward_act_s"]),
         )
-        ideal_s = ideal_mean_act_s(runs[TANGRAM][1], calibration.serial_fraction, cores)
-        summary.update(ideal_mean_act_s=ideal_s, act_gain_ceiling=_ratio(best_act.mean_act_s, ideal_s))
+        outcomes, s = runs[TANGRAM][1], calibration.serial_fraction
+        ideal_s, ideal_step = ideal_mean_act_s(outcomes, s, cores), ideal_step_s(outcomes, config.num_trajectories, s, cores)
+        summary.update(ideal_mean_act_s=ideal_s, act_gain_ceiling=_ratio(best_act.mean_act_s, ideal_s),
+                       ideal_step_s=ideal_step, step_gain_ceiling=_ratio(best_step.step_s, ideal_step))  # fmt: skip
     return summary
 
 
-def ideal_mean_act_s(outcomes: list[TrajectoryOutcome], serial_fraction: float, cores: int) -> float:
-    """Mean ACT if every action had the whole pool to itself: no queue, each test run at
-    DoP ``cores`` on the calibrated curve (its measured run rescaled from the DoP it got),
-    the rest as measured, the platform's overhead kept. No allocation of these cores does
-    better, so best baseline / this is the most any scheduler could gain here."""
+def ideal_act_s(action: ActionRecord, serial_fraction: float, cores: int) -> float:
+    """An action's ACT had it the whole pool to itself: no queue, a test run at DoP
+    ``cores`` on the calibrated curve (its measured run rescaled from the DoP it got), any
+    other action as measured; the platform's overhead kept."""
 
     def amdahl(m: int) -> float:
         return serial_fraction + (1 - serial_fraction) / max(1, m)
 
-    acts = []
-    for a in (a for o in outcomes for a in o.actions):
-        exec_s = a.result.exec_s
-        if a.kind == "test":
-            exec_s *= amdahl(cores) / amdahl(int(a.result.dop or 1))
-        acts.append(exec_s + a.result.overhead_s)
-    return _mean(acts)
+    exec_s = action.result.exec_s
+    if action.kind == "test":
+        exec_s *= amdahl(cores) / amdahl(int(action.result.dop or 1))
+    return exec_s + action.result.overhead_s
+
+
+def ideal_mean_act_s(outcomes: list[TrajectoryOutcome], serial_fraction: float, cores: int) -> float:
+    """Mean ``ideal_act_s`` over the run: no allocation of these cores does better, so
+    best baseline / this is the most any scheduler could gain here."""
+    return _mean([ideal_act_s(a, serial_fraction, cores) for o in outcomes for a in o.actions])
+
+
+def ideal_step_s(outcomes: list[TrajectoryOutcome], batch: int, serial_fraction: float, cores: int) -> float:
+    """Mean step time had every action its ``ideal_act_s``: per step (``outcomes`` holds
+    the steps' batches in order) the longest trajectory's thinks plus its ideal ACTs."""
+    steps = [outcomes[i : i + batch] for i in range(0, len(outcomes), max(1, batch))]
+    return _mean([
+        max(o.ended_s - o.started_s - sum(a.act_s for a in o.actions) + sum(ideal_act_s(a, serial_fraction, cores) for a in o.actions) for o in step)
+        for step in steps if step
+    ])  # fmt: skip
 
 
 def _fitted(
