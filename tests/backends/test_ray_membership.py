@@ -1,6 +1,7 @@
 """The Ray backend without a Ray cluster: the package imports no ray, the local managers
 satisfy the agent's ports, and the heartbeat declares a silent node lost exactly once,
-posting ``NodeLost`` only for the node ids the core knows."""
+posting ``NodeLost`` only for the node ids the core knows; a node lost for silence is still
+pinged, comes back when it answers and is given up when it stays silent."""
 
 from __future__ import annotations
 
@@ -103,9 +104,35 @@ def test_a_silent_node_is_declared_lost_once(monkeypatch: pytest.MonkeyPatch) ->
         m.beat(4.1)  # 3.1 s silent: lost
         assert controller.posted == [NodeLost("ray-a/cpu")]  # the GPU id is unknown to the core
         assert m.links["A"].lost.is_set() and "no heartbeat" in m.links["A"].lost_why
+        assert not killed and "A" in m.watched  # maybe only paused: watched for a comeback
         m.beat(9.0)
-        assert len(controller.posted) == 1 and lost == ["ray-a"] and len(killed) == 1
+        assert len(controller.posted) == 1 and lost == ["ray-a"] and not killed
         assert m.live_agents == []
+        m.beat(4.1 + 300.5)  # silent past rejoin_within_s: given up, its actor killed
+        assert len(killed) == 1 and not m.watched and len(controller.posted) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_node_lost_for_silence_that_answers_again_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from arl_tangram.backends.ray import membership as mod
+
+    killed: list[Any] = []
+    monkeypatch.setattr(mod, "_kill", killed.append)
+
+    async def scenario() -> None:
+        controller = _Controller(["ray-a/cpu"])
+        m, ping = _membership(controller)
+        m.beat(0.5)
+        assert m.beat(3.6) == [] and "A" in m.watched  # lost; the pending ping stays unanswered
+        assert m.beat(3.7) == [] and len(ping.sent) == 2  # watched: pinged afresh
+        ping.sent[1].set_result(9.0)  # the pause ends: it answers
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert m.beat(4.0) == ["A"] and not m.watched and not killed
+        assert controller.posted == [NodeLost("ray-a/cpu")]
 
     asyncio.run(scenario())
 
@@ -133,6 +160,7 @@ def test_a_dead_actor_declares_the_node_lost_at_once_a_transient_failure_does_no
         m.beat(1.5)
         assert controller.posted == [NodeLost("ray-a/cpu")]
         assert "died" in m.links["A"].lost_why
+        assert not m.watched  # a dead actor never comes back: not watched
 
     asyncio.run(scenario())
 

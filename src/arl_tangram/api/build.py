@@ -53,7 +53,7 @@ def build(state: ApiState, tenant: str, body: ActionBody) -> tuple[ActionSpec, P
         spec = ActionSpec(
             action_id, internal, Binding("service", internal), tenant, body.trajectory_id,
             demand_per_unit=ResourceVector(gpu_devices=1), key=ResourceKind.GPU, dop_min=lo, dop_max=hi,
-            timeout_s=body.timeout_s,
+            timeout_s=body.timeout_s, retryable=body.retryable,
         )  # fmt: skip
         return spec, ServicePayload(body.request), external_id
     if isinstance(body, ApiAction):
@@ -61,12 +61,13 @@ def build(state: ApiState, tenant: str, body: ActionBody) -> tuple[ActionSpec, P
             raise NotFound("provider", body.provider)
         spec = ActionSpec(
             action_id, f"api:{body.provider}", Binding("api", body.provider), tenant, body.trajectory_id,
-            demand_fixed=ResourceVector(quota_tokens=1), timeout_s=body.timeout_s,
+            demand_fixed=ResourceVector(quota_tokens=1), timeout_s=body.timeout_s, retryable=body.retryable,
         )  # fmt: skip
         params = tuple(sorted((body.params or {}).items()))
         payload = ApiPayload(body.method, body.path, body.json_body, params, body.tokens, body.timeout_s or 60.0)
         return spec, payload, external_id
-    return ActionSpec(action_id, body.kind or "noop", tenant=tenant, trajectory_id=body.trajectory_id), NoopPayload(), external_id
+    spec = ActionSpec(action_id, body.kind or "noop", tenant=tenant, trajectory_id=body.trajectory_id, retryable=body.retryable)
+    return spec, NoopPayload(), external_id
 
 
 def _env_action(state: ApiState, tenant: str, action_id: str, body: ExecAction | CodeAction) -> tuple[ActionSpec, Payload]:
@@ -90,6 +91,7 @@ def _env_action(state: ApiState, tenant: str, action_id: str, body: ExecAction |
         action_id, kind, Binding("env", env_id), tenant, body.trajectory_id,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
         elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=getattr(body, "t_ori_s", None), timeout_s=timeout_s,
+        retryable=body.retryable,
     )  # fmt: skip
     return spec, payload
 

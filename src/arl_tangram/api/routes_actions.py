@@ -55,6 +55,7 @@ def result_dict(r: ActionResult) -> dict[str, Any]:
         "queue_s": r.queue_s, "exec_s": r.exec_s, "overhead_s": r.overhead_s, "act_s": r.act_s, "dop": r.dop,
         "node_id": r.node_id, "cause": r.cause, "stdout_truncated": r.stdout_truncated,
         "stderr_truncated": r.stderr_truncated, "cpu_s": r.cpu_s, "peak_mem_bytes": r.peak_mem_bytes,
+        "attempts": r.attempts,
     }  # fmt: skip
 
 
@@ -64,9 +65,10 @@ def state_of(record: ActionRecord) -> str:
     return "running" if record.started_s is not None else "queued"
 
 
-def view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
-    """The action as its owner sees it: external ids and names, wall-clock times."""
-    spec, result = record.spec, record.result
+def view(state: ApiState, tenant: str, record: ActionRecord, result: ActionResult | None = None) -> dict[str, Any]:
+    """The action as its owner sees it: external ids and names, wall-clock times. ``result``
+    (the record's, its held outputs fetched: ``read_view``) replaces the record's own."""
+    spec, result = record.spec, result or record.result
     return {
         "action_id": state.external(tenant, spec.action_id),
         "type": record.extra.get("type") or _type_of(record),
@@ -76,6 +78,15 @@ def view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
         "started_at": wall_time_of(record.started_s) if record.started_s is not None else None,
         "result": result_dict(result) if result is not None else None,
     }
+
+
+async def read_view(state: ApiState, tenant: str, record: ActionRecord) -> dict[str, Any]:
+    """``view`` for an answer: outputs a remote node holds by reference are fetched now, on
+    a worker thread, into this answer only (the record keeps the references)."""
+    result = record.result
+    if result is not None and result.held:
+        result = await asyncio.to_thread(result.resolved)
+    return view(state, tenant, record, result)
 
 
 def _type_of(record: ActionRecord) -> str:
@@ -161,12 +172,12 @@ async def submit_action(request: Request) -> Response:
     if state.controller.journal is not None:
         await state.controller.flush_journal()  # a 201 means it survives a restart
     await _wait(state, record, wait_s)
-    return json_response(view(state, tenant, record), 201)
+    return json_response(await read_view(state, tenant, record), 201)
 
 
 @router.get("/{action_id}", response_model=ActionView, responses=ERROR_RESPONSES)
 async def get_action(state: State, tenant: Tenant, action_id: str) -> Response:
-    return json_response(view(state, tenant, state.record(tenant, action_id)))
+    return json_response(await read_view(state, tenant, state.record(tenant, action_id)))
 
 
 @router.get("/{action_id}/wait", response_model=ActionView, responses=ERROR_RESPONSES)
@@ -174,7 +185,7 @@ async def wait_action(state: State, tenant: Tenant, action_id: str, timeout_s: W
     """Wait up to ``timeout_s`` for the result; ``state`` says whether it came."""
     record = state.record(tenant, action_id)
     await _wait(state, record, timeout_s)
-    return json_response(view(state, tenant, record))
+    return json_response(await read_view(state, tenant, record))
 
 
 @router.post("/{action_id}/cancel", response_model=ActionView, status_code=202, responses=ERROR_RESPONSES)
@@ -183,7 +194,7 @@ async def cancel_action(state: State, tenant: Tenant, action_id: str) -> Respons
     one is stopped. Idempotent; an ended action is left as it is."""
     record = state.record(tenant, action_id)
     state.controller.cancel(record.spec.action_id)
-    return json_response(view(state, tenant, record), 202)
+    return json_response(await read_view(state, tenant, record), 202)
 
 
 @router.delete("/{action_id}", status_code=204, responses=ERROR_RESPONSES)
@@ -218,7 +229,7 @@ async def _events(state: ApiState, tenant: str, record: ActionRecord) -> AsyncIt
             yield f"event: output\ndata: {json.dumps({'stream': stream, 'text': text})}\n\n"
         sent = len(record.live_output)
         if now != last:
-            yield f"event: state\ndata: {json.dumps(view(state, tenant, record), default=repr)}\n\n"
+            yield f"event: state\ndata: {json.dumps(await read_view(state, tenant, record), default=repr)}\n\n"
             last = now
         if now == "done":
             return

@@ -75,6 +75,11 @@ class _ActionBase(_Strict):
     kind: str | None = Field(None, min_length=1, max_length=128, description="label for learned estimates")
     trajectory_id: str = Field("", max_length=128)
     timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
+    retryable: bool = Field(
+        False,
+        description="running it twice is harmless: if its node is lost it is retried on another "
+        "(not when its env went with the node); its result's attempts says how often it started",
+    )
 
 
 class ExecAction(_ActionBase):
@@ -156,6 +161,7 @@ class ResultView(BaseModel):
     stderr_truncated: bool = False
     cpu_s: float = 0.0
     peak_mem_bytes: int = 0
+    attempts: int = 1
 
 
 class ActionView(BaseModel):

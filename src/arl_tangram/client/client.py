@@ -4,6 +4,11 @@ Every call becomes one action that ARL-Tangram schedules (an exec, a session com
 service call, an API call), except host-side file calls, which need no CPU and work while
 the env is frozen. Results are ``ActionResult`` s whatever the outcome; bad input raises
 ``SpecError`` naming the field and the rule, before anything is queued.
+
+``retryable=True`` (on ``call``, ``Env.exec`` and ``Session.run``) tells ARL-Tangram that
+running the action twice is harmless: if its node is lost mid-run it is retried on another
+node (a bounded number of times) instead of ending ``error`` / ``node_lost``; an env's
+action is not retried when its env went with the node. ``result.attempts`` says how often.
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ class AsyncClient:
 
     async def call(
         self, name: str, request: Any, *, timeout_s: float | None = None, tokens: int | None = None,
-        method: str = "POST", path: str = "/", devices: Elastic | None = None,
+        method: str = "POST", path: str = "/", devices: Elastic | None = None, retryable: bool = False,
     ) -> ActionResult:  # fmt: skip
         """Call a GPU service (``reward/minilm``) or an API provider (``api/search`` or its
         bare name): one action, queued until its resources are free."""
@@ -116,13 +121,13 @@ class AsyncClient:
             spec = ActionSpec(
                 _new_id("call"), service.name, Binding("service", service.name), self.tenant,
                 demand_per_unit=ResourceVector(gpu_devices=1), key=ResourceKind.GPU, dop_min=lo, dop_max=hi,
-                timeout_s=timeout_s,
+                timeout_s=timeout_s, retryable=retryable,
             )  # fmt: skip
             return await self.transport.run_action(spec, ServicePayload(request), timeout_s)
         if self.transport.has_provider(provider):
             spec = ActionSpec(
                 _new_id("api"), f"api:{provider}", Binding("api", provider), self.tenant,
-                demand_fixed=ResourceVector(quota_tokens=1), timeout_s=timeout_s,
+                demand_fixed=ResourceVector(quota_tokens=1), timeout_s=timeout_s, retryable=retryable,
             )  # fmt: skip
             payload = ApiPayload(method, path, request, tokens=tokens, timeout_s=timeout_s or 60.0)
             return await self.transport.run_action(spec, payload, None)
@@ -162,23 +167,26 @@ class Env:
             self.released = True
             await self.client.transport.release_env(self.env_id)
 
-    def _spec(self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None) -> ActionSpec:
+    def _spec(
+        self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None, retryable: bool = False
+    ) -> ActionSpec:
         dop = _dop(cpu)
         model = dop.model() or self.client.transport.learned_model(kind)
         return ActionSpec(
             _new_id("act"), kind, Binding("env", self.env_id), self.client.tenant, self.trajectory_id,
             demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
             elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=t_ori_s, timeout_s=timeout_s,
+            retryable=retryable,
         )  # fmt: skip
 
     async def exec(
         self, command: str | list[str], *, cpu: Elastic | int | None = None, stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float = 60.0,
-        kind: str = "exec", t_ori_s: float | None = None,
+        kind: str = "exec", t_ori_s: float | None = None, retryable: bool = False,
     ) -> ActionResult:  # fmt: skip
         """Run a ``bash -c`` string or an argv with the cores the scheduler grants within
         ``cpu`` (``TANGRAM_DOP`` and ``nproc`` say how many)."""
-        spec = self._spec(kind, cpu, timeout_s, t_ori_s)
+        spec = self._spec(kind, cpu, timeout_s, t_ori_s, retryable)
         stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
         argv = command if isinstance(command, str) else tuple(command)
         payload = ExecPayload(argv, stdin_bytes, tuple(sorted((env or {}).items())), cwd, timeout_s)
@@ -209,8 +217,11 @@ class Session:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def run(self, command: str, *, cpu: Elastic | int | None = None, timeout_s: float = 60.0, kind: str = "session") -> ActionResult:
-        spec = self.env._spec(kind, cpu, timeout_s, None)
+    async def run(
+        self, command: str, *, cpu: Elastic | int | None = None, timeout_s: float = 60.0, kind: str = "session",
+        retryable: bool = False,
+    ) -> ActionResult:  # fmt: skip
+        spec = self.env._spec(kind, cpu, timeout_s, None, retryable)
         payload = ExecPayload(command, None, (), None, timeout_s, session_id=self.session_id)
         return await self.env.client.transport.run_action(spec, payload)
 

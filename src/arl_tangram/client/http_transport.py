@@ -236,6 +236,8 @@ def _cpu(spec: ActionSpec) -> dict[str, Any]:
 def encode_action(spec: ActionSpec, payload: Payload) -> dict[str, Any]:
     """The ``/v1/actions`` body of an SDK action (the server sets the tenant)."""
     base: dict[str, Any] = {"action_id": spec.action_id, "trajectory_id": spec.trajectory_id}
+    if spec.retryable:
+        base["retryable"] = True
     if isinstance(payload, NoopPayload):
         return {**base, "type": "noop", "kind": spec.kind}
     if isinstance(payload, ExecPayload):

@@ -15,7 +15,7 @@ from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
 from arl_tangram.core.errors import SpecError
 from arl_tangram.managers.cpu.config import SandboxSpec
-from arl_tangram.runtime.actions import ActionResult, Payload
+from arl_tangram.runtime.actions import ActionResult, Payload, read_result
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 
@@ -76,7 +76,7 @@ class InProcessTransport(Transport):
     async def run_action(self, spec: ActionSpec, payload: Payload, timeout_s: float | None = None) -> ActionResult:
         record = self.controller.submit(spec, payload)
         try:
-            return await asyncio.wait_for(asyncio.shield(record.done), timeout_s)
+            return await asyncio.wait_for(read_result(record), timeout_s)  # held outputs fetched here
         except (asyncio.CancelledError, TimeoutError):
             self.controller.cancel(spec.action_id)
             raise

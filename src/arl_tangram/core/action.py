@@ -55,7 +55,12 @@ def _check_positive_finite(name: str, value: float | None) -> None:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action as submitted. ``t_ori_s`` is the duration on one unit (None: learn it per kind)."""
+    """One action as submitted. ``t_ori_s`` is the duration on one unit (None: learn it per kind).
+
+    ``retryable``: the client says running it twice is harmless. When the node running it is
+    lost, the core queues it again (elsewhere) instead of ending it ``error`` / ``node_lost``,
+    unless its env went with the node (bounded: ``scheduler.MAX_ATTEMPTS``).
+    """
 
     action_id: str
     kind: str
@@ -70,6 +75,7 @@ class ActionSpec:
     elasticity: ElasticityModel = field(default_factory=NonElastic)
     t_ori_s: float | None = None
     timeout_s: float | None = None
+    retryable: bool = False
 
     def __post_init__(self) -> None:
         if not self.action_id:
@@ -100,6 +106,8 @@ class ActionSpec:
             raise SpecError("elasticity", "must be an ElasticityModel", self.elasticity)
         _check_positive_finite("t_ori_s", self.t_ori_s)
         _check_positive_finite("timeout_s", self.timeout_s)
+        if not isinstance(self.retryable, bool):
+            raise SpecError("retryable", "must be a boolean", self.retryable)
 
     def demand_at(self, dop: int) -> ResourceVector:
         """Total demand when running at ``dop`` units of the key resource."""

@@ -19,7 +19,8 @@ class StartAction:
     For an env action under Allocate-on-Execution, the manager raises the env's cgroup to
     the grant for the action's life (the resize). ``cpuset_domains`` lists the millicores
     taken per NUMA domain. ``replica_id`` names the GPU replica that serves it; if that
-    replica is still loading, the action starts when the load completes.
+    replica is still loading, the action starts when the load completes. ``attempt`` counts
+    its starts (2 and up after ``RetryAction``); its ``ActionFinished`` repeats it.
     """
 
     action_id: str
@@ -31,6 +32,7 @@ class StartAction:
     replica_id: str | None = None
     numa_millicores: tuple[int, ...] = ()
     stimulus_id: str = ""
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,4 +110,19 @@ class CancelAction:
     stimulus_id: str = ""
 
 
-Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction
+@dataclass(frozen=True)
+class RetryAction:
+    """Attempt ``attempt`` of a retryable action was on ``node_id``, which is lost: the core
+    has queued the action again (its arrival time and place kept) for attempt ``attempt + 1``.
+    The executor drops whatever is left of the lost attempt; a result that attempt still
+    reports must not end the action (the core ignores its ``ActionFinished``)."""
+
+    action_id: str
+    node_id: str
+    attempt: int
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction

@@ -33,12 +33,18 @@ class ActionSubmitted:
 
 @dataclass(frozen=True)
 class ActionFinished:
-    """A running action ended; ``exec_s`` is the measured execution time (feeds the estimator)."""
+    """A running action ended; ``exec_s`` is the measured execution time (feeds the estimator).
+
+    ``attempt`` repeats the ``StartAction``'s: a report of an earlier attempt (one whose node
+    was lost, the action since queued again) is ignored. None: whichever attempt runs (for
+    executors that never lose a node).
+    """
 
     action_id: str
     outcome: Outcome = "succeeded"
     exec_s: float | None = None
     stimulus_id: str = ""
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,8 @@ class NodeJoined:
 
 @dataclass(frozen=True)
 class NodeLost:
-    """A node left: its running actions end as ``error`` (cause ``node_lost``), its envs are
+    """A node left: its running actions end as ``error`` (cause ``node_lost``), except
+    retryable ones whose env (if any) is elsewhere, which are queued again; its envs are
     lost, its replicas gone; queued work that is not bound to a lost env stays queued."""
 
     node_id: str

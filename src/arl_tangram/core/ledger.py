@@ -95,8 +95,9 @@ def start_action(
         ed.take_quota(spec.binding.name, grant.quota_tokens)
     duration = spec.duration_s(estimated_t_ori(ed, qa), dop)
     ed.w("running")[spec.action_id] = Running(
-        spec, node_id, grant, dop, qa.submitted_s, ed.now_s, ed.now_s + extra_delay_s + duration, replica_id, numa
-    )
+        spec, node_id, grant, dop, qa.submitted_s, ed.now_s, ed.now_s + extra_delay_s + duration, replica_id, numa,
+        qa.seq, qa.attempt,
+    )  # fmt: skip
     lane = lane_of(spec.binding.kind)
     del ed.w(lane)[spec.action_id]
     note_queued(ed, lane, spec.tenant, -1)
@@ -107,7 +108,7 @@ def start_action(
     if replica_id is not None:
         rep = ed.replicas[replica_id]
         ed.w("replicas")[replica_id] = replace(rep, busy_action=spec.action_id, last_used_s=ed.now_s)
-    return StartAction(spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa)
+    return StartAction(spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt)
 
 
 def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Running | None:
@@ -135,6 +136,23 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
     if exec_s is not None:
         observe_duration(ed, run, exec_s)
     return run
+
+
+def requeue(ed: StateEditor, run: Running) -> QueuedAction:
+    """Queue a running action again for its next attempt (its node was lost), at the place
+    it had: same arrival time (its queue time and aging count from there, so a retry is
+    never starved) and same sequence number (lanes stay in sequence order). The caller has
+    released what it held (``finish_action``)."""
+    lane = lane_of(run.spec.binding.kind)
+    qa = QueuedAction(run.spec, run.submitted_s, run.seq, run.attempt + 1)
+    table = ed.w(lane)
+    later = [(a, q) for a, q in table.items() if q.seq > qa.seq]
+    for a, _ in later:  # re-inserted after it: dicts keep insertion order, lanes are FCFS
+        del table[a]
+    table[run.spec.action_id] = qa
+    table.update(later)
+    note_queued(ed, lane, run.spec.tenant, +1)
+    return qa
 
 
 def request_env(ed: StateEditor, spec: EnvSpec) -> None:
@@ -214,5 +232,6 @@ __all__ = [
     "reject",
     "release_env",
     "request_env",
+    "requeue",
     "start_action",
 ]

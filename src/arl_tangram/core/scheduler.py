@@ -4,6 +4,10 @@
 asks the configured policy for decisions, and returns the new state, the decisions and
 when it wants to be woken even if nothing happens. Pure: same inputs, same outputs.
 
+A lost node's running actions end ``error`` (``node_lost``), except retryable ones whose
+env did not go with it: those are queued again (``RetryAction``), up to ``MAX_ATTEMPTS``
+starts in all; a late ``ActionFinished`` of an earlier attempt is ignored.
+
 Every decision repeats a stimulus id: the decisions an event causes directly (a rejection,
 an env release, the outcomes of a lost node) carry that event's id; the policy's decisions
 carry the round's stimulus (the id of its only event, or of all of them joined).
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from arl_tangram.core import ledger
-from arl_tangram.core.decisions import CancelAction, Decision
+from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
     ActionCancelled,
@@ -34,10 +38,11 @@ from arl_tangram.core.events import (
     describe,
 )
 from arl_tangram.core.policies.base import Policy
-from arl_tangram.core.state import ClusterState, StateEditor
+from arl_tangram.core.state import ClusterState, Running, StateEditor
 from arl_tangram.core.topology import add_node, add_service, check_can_ever_fit
 
 MAX_JOINED_STIMULI = 4  # a round of more events names its first ids and a count
+MAX_ATTEMPTS = 3  # a retryable action starts at most this often (2 retries after node losses)
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ class Scheduler:
         if isinstance(event, ActionSubmitted):
             return self._submit(ed, event, cause)
         if isinstance(event, ActionFinished):
+            run = ed.running.get(event.action_id)
+            if run is not None and event.attempt not in (None, run.attempt):
+                return []  # an earlier attempt's late report: that attempt is already over
             run = ledger.finish_action(ed, event.action_id, event.exec_s)
             if run is not None:
                 ed.touch(run.node_id)
@@ -195,8 +203,19 @@ class Scheduler:
         decisions: list[Decision] = []
         ed.touch(None)
         why = f"node_lost: node {node_id} was lost"
-        # Nobody is left to report these actions: the core ends them, once.
-        decisions += self._end_running(ed, sorted(a for a, run in ed.running.items() if run.node_id == node_id), why, cause)
+        # Nobody is left to report these actions: the core ends them (or queues them again), once.
+        on_node = sorted(a for a, run in ed.running.items() if run.node_id == node_id)
+        retried = [a for a in on_node if self._may_retry(ed, ed.running[a], node_id)]
+        for aid in retried:
+            run = ledger.finish_action(ed, aid, None)
+            assert run is not None
+            ledger.requeue(ed, run)
+            again = f"{why}; queued again for attempt {run.attempt + 1} of {MAX_ATTEMPTS}"
+            decisions.append(RetryAction(aid, node_id, run.attempt, again, cause))
+        for aid in (a for a in on_node if a not in retried):
+            run = ed.running[aid]
+            tries = f" (attempt {run.attempt} of {MAX_ATTEMPTS})" if run.spec.retryable else ""
+            decisions += self._end_running(ed, [aid], why + tries, cause)
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
             decisions.extend(self._reject_bound(ed, "env", env_id, why, "error", cause))
             ledger.release_env(ed, env_id, why, cause)  # nothing left to destroy there
@@ -206,3 +225,15 @@ class Scheduler:
         ed.w("gpu").pop(node_id, None)
         ed.spec = ed.spec.without_node(node_id)
         return decisions
+
+    @staticmethod
+    def _may_retry(ed: StateEditor, run: Running, node_id: str) -> bool:
+        """A running action on lost ``node_id`` goes back to the queue when its client marked
+        it retryable, it has attempts left, and its env (if any) is not on that node (an
+        env's state is not reproducible elsewhere: those end ``node_lost``)."""
+        if not run.spec.retryable or run.attempt >= MAX_ATTEMPTS:
+            return False
+        if run.spec.binding.kind != "env":
+            return True
+        env = ed.envs.get(run.spec.binding.name)
+        return env is not None and env.node_id != node_id

@@ -24,6 +24,7 @@ class QueuedAction:
     spec: ActionSpec
     submitted_s: float
     seq: int  # FCFS order; ties in time break by sequence number
+    attempt: int = 1  # 2, 3, ...: queued again after its node was lost (a retryable action)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,8 @@ class Running:
     expected_end_s: float
     replica_id: str | None = None
     numa_millicores: tuple[int, ...] = ()
+    seq: int = 0  # its place in the queue, kept for a retry (it goes back where it was)
+    attempt: int = 1  # only this attempt's ``ActionFinished`` ends it
 
 
 @dataclass(frozen=True, slots=True)

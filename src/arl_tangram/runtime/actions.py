@@ -8,15 +8,22 @@ run that finished after its node was declared lost, a cancel racing a finish) ne
 overwrites the outcome the caller already has. An ended record stays readable until it is
 acknowledged (``forget``) or its retention runs out (``expire``); a client's request id
 maps to its record for as long as the record is kept.
+
+Large outputs by reference: a backend whose nodes are remote (Ray) may leave an output it
+finds large where it was produced and hand over a ``LazyOutput`` instead, so the bytes
+never pass through the controller's loop or its records. The result then holds it in
+``held`` (``stdout``, ``stderr`` or ``output``, the field itself left empty) until a reader
+resolves it (``read_result``; ``ActionResult.resolved``), which fetches the bytes for that
+read only. No Ray type appears here: the backend implements the protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
 
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.errors import SpecError
@@ -61,6 +68,29 @@ class NoopPayload:
     """An action that needs no resource: a health check, and the floor of the overhead."""
 
 
+@runtime_checkable
+class LazyOutput(Protocol):
+    """An output kept where it was produced. ``resolve`` (blocking: call it on a worker
+    thread) fetches it: bytes for a stream, the value for a service's output; it raises
+    when the output is gone (its node was lost, the service restarted)."""
+
+    size_bytes: int
+
+    def resolve(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class LostOutput:
+    """A held output that can no longer be fetched (e.g. after a restart: the journal keeps
+    results without their held outputs)."""
+
+    size_bytes: int
+    why: str
+
+    def resolve(self) -> Any:
+        raise LookupError(self.why)
+
+
 Payload = ExecPayload | ServicePayload | ApiPayload | NoopPayload
 
 
@@ -71,7 +101,9 @@ class ActionResult:
     ``queue_s`` runs from arrival to the start decision, ``exec_s`` is the execution the
     manager measured, ``overhead_s`` is the rest of the action completion time (resize,
     launch, loading a replica, result delivery): ``act_s = queue_s + exec_s + overhead_s``.
-    ``cause`` names why an action did not run or failed in the infrastructure.
+    ``cause`` names why an action did not run or failed in the infrastructure. ``attempts`` is
+    the attempt it ended in: more than 1 when its node was lost and it was retried elsewhere
+    (``queue_s`` then runs to the last start: the lost attempts count as queueing).
     """
 
     action_id: str
@@ -91,6 +123,8 @@ class ActionResult:
     stderr_truncated: bool = False
     cpu_s: float = 0.0
     peak_mem_bytes: int = 0
+    attempts: int = 1
+    held: Mapping[str, LazyOutput] = field(default_factory=dict)  # outputs left on their node (see the module)
 
     @property
     def act_s(self) -> float:
@@ -99,6 +133,30 @@ class ActionResult:
     @property
     def ok(self) -> bool:
         return self.outcome == "succeeded"
+
+    def resolved(self) -> ActionResult:
+        """This result with its held outputs fetched (blocking; itself when none is held).
+        An output that cannot be fetched stays empty and ``cause`` says why."""
+        if not self.held:
+            return self
+        values: dict[str, Any] = {}
+        lost: list[str] = []
+        for name, lazy in sorted(self.held.items()):
+            try:
+                value = lazy.resolve()
+            except Exception as exc:  # a lost node or object: the reader learns it, no raise
+                lost.append(f"{name}: held output of {lazy.size_bytes} bytes lost ({type(exc).__name__}: {exc})")
+                continue
+            values[name] = value.decode(errors="replace") if name in ("stdout", "stderr") else value
+        cause = "; ".join(([self.cause] if self.cause else []) + lost) or None
+        return replace(self, **values, cause=cause, held={})
+
+
+async def read_result(record: ActionRecord) -> ActionResult:
+    """The action's result as a reader gets it: awaited, its held outputs fetched on a
+    worker thread (never on the event loop) for this read; the record keeps the references."""
+    result = await asyncio.shield(record.done)
+    return await asyncio.to_thread(result.resolved) if result.held else result
 
 
 @dataclass
@@ -115,6 +173,10 @@ class ActionRecord:
     result: ActionResult | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     request_id: str | None = None  # the client's idempotency key, unique per tenant
+    # The attempt whose result may end the record: 0 before its first start, the start's
+    # attempt while it runs, the next one once its node was lost (``RetryAction``), so a
+    # lost attempt's late result never becomes the action's.
+    attempt: int = 0
     ended_s: float | None = None  # controller clock when the result was recorded
     # Output as it is produced (exec actions): (stream, text) chunks, at most
     # LIVE_OUTPUT_BYTES in all, and an event set on each new chunk (and then replaced by a

@@ -6,6 +6,9 @@ same forms. ``*_from_dict(*_to_dict(x)) == x`` for every spec, payload and resul
 ``Learned`` elasticity, which is per-kind learned state: it is written as ``learned`` and
 read back as the learned model the caller passes (the restarted controller's, for its kind).
 Unknown scalar fields of ``ActionSpec`` (added to the core later) travel as they are.
+A result's held outputs (``runtime.actions.LazyOutput``, left on their node) are written as
+their sizes only and read back as ``LostOutput`` s: the journal never fetches them (it
+writes on the controller's loop) and a restarted service could not fetch them anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from arl_tangram.runtime.actions import (
     ActionResult,
     ApiPayload,
     ExecPayload,
+    LostOutput,
     NoopPayload,
     Payload,
     ServicePayload,
@@ -142,14 +146,22 @@ def payload_from_dict(data: dict[str, Any]) -> Payload:
 
 def result_to_dict(result: ActionResult) -> dict[str, Any]:
     """A service's output that JSON cannot hold (an array) is kept as its ``tolist()``, else its repr."""
-    out = {name: getattr(result, name) for name in _RESULT_FIELDS}  # all plain but ``output``
+    out = {
+        name: getattr(result, name) for name in _RESULT_FIELDS
+    }  # all plain but ``output``, ``held``
     if not isinstance(result.output, _PLAIN):
         out["output"] = json.loads(json.dumps(result.output, default=_jsonable))
+    out["held"] = {name: lazy.size_bytes for name, lazy in sorted(result.held.items())}
     return out
 
 
 def result_from_dict(data: dict[str, Any]) -> ActionResult:
-    return ActionResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
+    args = {k: v for k, v in data.items() if k in _RESULT_FIELDS}
+    why = "it was held on its node and the service restarted since"
+    args["held"] = {
+        name: LostOutput(int(size), why) for name, size in (args.get("held") or {}).items()
+    }
+    return ActionResult(**args)
 
 
 def _jsonable(value: object) -> object:

@@ -38,7 +38,13 @@ from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime import recovery
-from arl_tangram.runtime.actions import ActionRecord, ActionResult, ActionStore, Payload
+from arl_tangram.runtime.actions import (
+    ActionRecord,
+    ActionResult,
+    ActionStore,
+    Payload,
+    read_result,
+)
 from arl_tangram.runtime.codec import payload_to_dict, result_to_dict, spec_to_dict
 from arl_tangram.runtime.config import ConfigError, ServiceSettings, TenantConfig
 from arl_tangram.runtime.dispatcher import LiveExecutor
@@ -178,6 +184,8 @@ class Controller:
     def post(self, event: Event) -> str:
         """Queue an event for the next round (event-loop thread only)."""
         stimulus_id = self.loop.post(event)
+        if self.executor is not None:
+            self.executor.note_posted(event)
         self._kick()
         return stimulus_id
 
@@ -281,7 +289,7 @@ class Controller:
         record = self.store.get(action_id)
         if record is None:
             raise SpecError("action_id", "must name a live action", action_id)
-        return await asyncio.wait_for(asyncio.shield(record.done), timeout_s)
+        return await asyncio.wait_for(read_result(record), timeout_s)  # held outputs fetched for the caller
 
     def cancel(self, action_id: str) -> None:
         """Withdraw an action: a queued one ends ``cancelled`` in the next round, a running one

@@ -4,8 +4,10 @@ Runs on the controller's asyncio thread. Every handler returns at once: blocking
 calls (a fork, a copy, a model call) go to a bounded pool of worker threads, API calls are
 coroutines, and each piece of work is a tracked task, so ``aclose`` can end them all. What
 happens is reported back through the loop's sink with the decision's stimulus id:
-``EnvReady`` / ``EnvFailed``, ``ServiceReady`` / ``ReplicaFailed``, ``ActionFinished``.
-Each action's terminal result goes to the ``ActionStore`` (first wins).
+``EnvReady`` / ``EnvFailed``, ``ServiceReady`` / ``ReplicaFailed``, ``ActionFinished``
+(with the attempt it answers). Each action's terminal result goes to the ``ActionStore``
+(first wins), and only from its current attempt: after a ``RetryAction`` the lost attempt's
+run is stopped and whatever it still reports is dropped here (and ignored by the core).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from arl_tangram.core.decisions import (
     PlaceEnv,
     RejectAction,
     ReleaseEnv,
+    RetryAction,
     StartAction,
 )
 from arl_tangram.core.events import (
@@ -35,6 +38,8 @@ from arl_tangram.core.events import (
     EnvFailed,
     EnvReady,
     Event,
+    NodeJoined,
+    NodeLost,
     ReplicaFailed,
     ServiceReady,
 )
@@ -83,6 +88,7 @@ class LiveExecutor(Executor):
         self.replica_nodes: dict[str, str] = {}  # replica id -> the node it was loaded on
         self.cancels: dict[str, threading.Event] = {}  # running action -> its cancel flag
         self.running_tasks: dict[str, asyncio.Task[Any]] = {}
+        self.lost_nodes: set[str] = set()  # a NodeLost was posted for them, no NodeJoined since
         self.closed = False
 
     # -- plumbing -----------------------------------------------------------------------
@@ -103,6 +109,14 @@ class LiveExecutor(Executor):
 
     def _agent(self, node_id: str) -> NodeAgent:
         return self.agents[node_id]
+
+    def note_posted(self, event: Event) -> None:
+        """Every event posted to the loop (the controller's sink calls this): which nodes
+        are lost, before the core's round about it has run."""
+        if isinstance(event, NodeLost):
+            self.lost_nodes.add(event.node_id)
+        elif isinstance(event, NodeJoined):
+            self.lost_nodes.discard(event.node.node_id)
 
     # -- envs ---------------------------------------------------------------------------
     def place_env(self, d: PlaceEnv) -> None:
@@ -188,8 +202,11 @@ class LiveExecutor(Executor):
         if record is None:  # submitted by someone else (a test driving the core directly)
             self.post(ActionFinished(d.action_id, "error", None, stimulus_id=d.stimulus_id))
             return
+        if record.result is not None:  # a late result that raced its node's loss ended it
+            self.post(ActionFinished(d.action_id, record.result.outcome, None, stimulus_id=d.stimulus_id, attempt=d.attempt))
+            return
         record.started_s = time.monotonic()
-        record.node_id, record.dop = d.node_id, d.dop
+        record.node_id, record.dop, record.attempt = d.node_id, d.dop, d.attempt
         if isinstance(record.payload, NoopPayload):
             self._finish(record, d, ActionResult(d.action_id, record.spec.kind, "succeeded"), 0.0)
             return
@@ -199,6 +216,7 @@ class LiveExecutor(Executor):
     async def _run(self, record: ActionRecord, d: StartAction) -> None:
         payload = record.payload
         cancel = self.cancels[d.action_id]
+        task = self.running_tasks[d.action_id]
         try:
             if self.before_run is not None:
                 await self.before_run(record)
@@ -216,8 +234,11 @@ class LiveExecutor(Executor):
             log.debug("action %s failed in its manager", d.action_id, exc_info=True)
             result, exec_s = ActionResult(d.action_id, record.spec.kind, "error", cause=f"{type(exc).__name__}: {exc}"), 0.0
         finally:
-            self.cancels.pop(d.action_id, None)
-            self.running_tasks.pop(d.action_id, None)
+            # Only this attempt's entries: a retry's own may already be there.
+            if self.cancels.get(d.action_id) is cancel:
+                del self.cancels[d.action_id]
+            if self.running_tasks.get(d.action_id) is task:
+                del self.running_tasks[d.action_id]
         self._finish(record, d, result, exec_s)
 
     def _api_agent(self) -> NodeAgent:
@@ -228,8 +249,13 @@ class LiveExecutor(Executor):
 
     def _finish(self, record: ActionRecord, d: StartAction, result: ActionResult, exec_s: float) -> None:
         timed = _timed(record, result, exec_s)
-        self.store.complete(d.action_id, timed)
-        self.post(ActionFinished(d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id))
+        # A lost attempt's result is not the action's. Nor is the failure of an attempt whose
+        # node was just declared lost, if the action may be retried: the core's answer to
+        # the loss (already posted) queues it again or ends it, and that decides.
+        lost = record.spec.retryable and d.node_id in self.lost_nodes and not result.ok
+        if record.attempt == d.attempt and not lost:
+            self.store.complete(d.action_id, timed)
+        self.post(ActionFinished(d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt))
 
     def reject_action(self, d: RejectAction) -> None:
         self._stop(d.action_id)  # a running one: the core ended it (its env, replica or node is gone)
@@ -240,6 +266,19 @@ class LiveExecutor(Executor):
 
     def cancel_action(self, d: CancelAction) -> None:
         self._stop(d.action_id)
+
+    def retry_action(self, d: RetryAction) -> None:
+        """The attempt's node is lost and the core queued the action again: stop what is
+        left of the attempt (its proxy call ends with the node anyway) and forget it, so
+        the next ``StartAction`` runs afresh and this attempt's result is dropped."""
+        record = self.store.get(d.action_id)
+        if record is None or record.result is not None:
+            return
+        self._stop(d.action_id)
+        self.cancels.pop(d.action_id, None)
+        self.running_tasks.pop(d.action_id, None)
+        record.attempt = d.attempt + 1
+        record.started_s, record.node_id = None, None  # queued again (``queued`` to readers)
 
     def _stop(self, action_id: str) -> None:
         """Stop a running action: an exec's cancel flag kills its processes (it then ends
@@ -277,5 +316,5 @@ def _timed(record: ActionRecord, result: ActionResult, exec_s: float) -> ActionR
     exec_s = min(max(0.0, exec_s), act_s - queue_s)
     return replace(
         result, queue_s=queue_s, exec_s=exec_s, overhead_s=max(0.0, act_s - queue_s - exec_s),
-        dop=record.dop, node_id=record.node_id,
+        dop=record.dop, node_id=record.node_id, attempts=max(1, record.attempt),
     )  # fmt: skip

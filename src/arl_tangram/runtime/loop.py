@@ -30,6 +30,7 @@ from arl_tangram.core.decisions import (
     PlaceEnv,
     RejectAction,
     ReleaseEnv,
+    RetryAction,
     StartAction,
 )
 from arl_tangram.core.events import Event
@@ -59,9 +60,10 @@ class Executor(abc.ABC):
 
     Handlers must not block (start the work and return); they report what happens through
     the loop's sink, repeating the decision's ``stimulus_id`` on the events they post.
-    Contract: every ``StartAction`` is answered by exactly one ``ActionFinished`` unless a
-    later ``RejectAction`` for it (a lost node) ended it; every ``PlaceEnv`` by ``EnvReady``
-    or ``EnvFailed``; every ``LoadService`` by ``ServiceReady`` or ``ReplicaFailed``.
+    Contract: every ``StartAction`` is answered by exactly one ``ActionFinished`` (repeating
+    its ``attempt``) unless a later ``RejectAction`` or ``RetryAction`` for it (a lost node)
+    ended that attempt; every ``PlaceEnv`` by ``EnvReady`` or ``EnvFailed``; every
+    ``LoadService`` by ``ServiceReady`` or ``ReplicaFailed``.
     """
 
     def apply(self, decisions: Sequence[Decision]) -> None:
@@ -89,6 +91,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def cancel_action(self, d: CancelAction) -> None: ...
 
+    def retry_action(self, d: RetryAction) -> None:
+        """Only an executor whose nodes can be lost sees this (the live one overrides it);
+        any other raising here is a bug worth seeing, not an order to ignore."""
+        raise NotImplementedError(f"{type(self).__name__} cannot retry {d.action_id}: it loses no nodes")
+
     _handlers: dict[type, Callable[[Executor, Decision], None]] = {
         StartAction: lambda ex, d: ex.start_action(d),  # type: ignore[arg-type]
         PlaceEnv: lambda ex, d: ex.place_env(d),  # type: ignore[arg-type]
@@ -97,6 +104,7 @@ class Executor(abc.ABC):
         EvictService: lambda ex, d: ex.evict_service(d),  # type: ignore[arg-type]
         RejectAction: lambda ex, d: ex.reject_action(d),  # type: ignore[arg-type]
         CancelAction: lambda ex, d: ex.cancel_action(d),  # type: ignore[arg-type]
+        RetryAction: lambda ex, d: ex.retry_action(d),  # type: ignore[arg-type]
     }
 
 

@@ -3,6 +3,10 @@
 Called by ``LiveExecutor`` on the controller's event loop; blocking manager calls go through
 the executor's worker threads. Each runner returns the action's result and the execution
 time its manager measured (the rest of the action completion time is overhead).
+
+A remote node's manager may hand a large output over by reference (``LazyOutput``): an exec
+result's ``held_outputs`` (stream name -> reference, that stream left empty), or a service's
+output itself. The result keeps the reference in ``held``; the bytes stay on the node.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from arl_tangram.runtime.actions import (
     ActionResult,
     ApiPayload,
     ExecPayload,
+    LazyOutput,
     ServicePayload,
 )
 
@@ -61,7 +66,7 @@ async def run_exec(
         record.spec.action_id, record.spec.kind, outcome, exit_code=res.exit_code,
         stdout=res.stdout_text, stderr=res.stderr_text, cause=res.error,
         stdout_truncated=res.stdout_truncated, stderr_truncated=res.stderr_truncated,
-        cpu_s=res.cpu_s, peak_mem_bytes=res.peak_mem_bytes,
+        cpu_s=res.cpu_s, peak_mem_bytes=res.peak_mem_bytes, held=dict(getattr(res, "held_outputs", None) or {}),
     )  # fmt: skip
     return result, float(res.wall_s)
 
@@ -79,8 +84,11 @@ async def run_service(
         if failure is not None:
             return ActionResult(d.action_id, record.spec.kind, "error", cause=f"replica_failed: {failure}"), 0.0
     started = time.monotonic()
-    output = await ex.blocking(gpu.run, d.replica_id, p.request)
-    return ActionResult(d.action_id, record.spec.kind, "succeeded", output=output), time.monotonic() - started
+    output: Any = await ex.blocking(gpu.run, d.replica_id, p.request)
+    exec_s = time.monotonic() - started
+    if isinstance(output, LazyOutput):  # left on its node: see the module docstring
+        return ActionResult(d.action_id, record.spec.kind, "succeeded", held={"output": output}), exec_s
+    return ActionResult(d.action_id, record.spec.kind, "succeeded", output=output), exec_s
 
 
 async def run_api(agent: NodeAgent, record: ActionRecord, p: ApiPayload) -> tuple[ActionResult, float]:

@@ -31,7 +31,7 @@ from arl_tangram.api.compat.tenancy import Unauthorized, compat_state, tenant_fo
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState, Overloaded, new_id
 from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
-from arl_tangram.runtime.actions import ActionResult, ServicePayload
+from arl_tangram.runtime.actions import ActionResult, ServicePayload, read_result
 
 router = APIRouter(tags=["openai"], include_in_schema=False)  # its contract is OpenAI's and vLLM's
 MAX_INPUTS = 256
@@ -121,7 +121,7 @@ async def call_service(state: ApiState, tenant: str, internal: str, request: dic
     except Overloaded as exc:
         raise OpenAIError(503, f"overloaded: {exc}", "server_error", code="overloaded") from None
     try:
-        result: ActionResult = await asyncio.shield(record.done)
+        result: ActionResult = await read_result(record)  # held outputs (Ray) fetched
     except asyncio.CancelledError:
         state.controller.cancel(spec.action_id)
         raise

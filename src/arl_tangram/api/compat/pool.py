@@ -26,7 +26,7 @@ from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.managers.cpu.config import SandboxSpec
-from arl_tangram.runtime.actions import ActionResult, ExecPayload
+from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
 RESET_COMMAND = "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; exit 0"
 RESET_TIMEOUT_S = 30.0
@@ -52,7 +52,7 @@ async def run_env_action(state: ApiState, tenant: str, env_id: str, kind: str, p
     )  # fmt: skip
     record = state.submit(spec, payload, None)
     try:
-        return await asyncio.shield(record.done)
+        return await read_result(record)  # held outputs (Ray) fetched for this read
     except asyncio.CancelledError:
         state.controller.cancel(spec.action_id)  # the caller went away: stop the run
         raise

@@ -12,9 +12,15 @@ Runs on the controller's event loop, as one tracked task (``run``) with two loop
     older than ``loss_after_s``, whose actor died, or whose Ray node Ray reports dead, is
     lost: its calls in flight end (an action as an ``error`` outcome naming ``node_lost``,
     other calls with ``NodeLostError``) and ``NodeLost`` is posted for its CPU and GPU ids, so the core ends its running actions ``error`` (``node_lost``),
-    its envs lost and its replicas gone, and places nothing there again. The actor is killed
-    (its CPU manager's keeper then removes its sandboxes, should the node still be up).
-A lost Ray node never rejoins (Ray gives a restarted node a new id, which joins afresh).
+    its envs lost and its replicas gone, and places nothing there again.
+  * comeback: a node lost for silence alone may have been paused (a long GC pause, a
+    network blip), not dead: it is still pinged for ``rejoin_within_s``. If it answers, its
+    agent is told to drop everything it held (``reset``: its envs' owners were told they
+    are lost, its actions have ended) and the node joins again (``NodeJoined``) with fresh
+    capacity, without a restart. A node whose actor died, whose Ray node Ray reports dead,
+    or that stays silent past ``rejoin_within_s`` is given up: its actor is killed (its CPU
+    manager's keeper then removes its sandboxes, should the node still be up).
+A Ray node given up never rejoins (Ray gives a restarted node a new id, which joins afresh).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.backends.ray.actor import GpuSettings, NodeReport, actor_class
+from arl_tangram.backends.ray.held import DEFAULT_HOLD_MIN_BYTES
 from arl_tangram.backends.ray.proxies import NodeLink, RayCpuProxy, RayGpuProxy
 from arl_tangram.core.events import NodeLost
 from arl_tangram.managers.cpu.config import CpuManagerConfig
@@ -39,7 +46,10 @@ log = logging.getLogger(__name__)
 class RaySettings:
     """The Ray backend's knobs. ``resource`` marks sandbox nodes, ``gpu_resource`` model
     nodes (a node may offer both); ``loss_after_s`` without a heartbeat answer declares a
-    node lost (keep it above a few ``heartbeat_s``)."""
+    node lost (keep it above a few ``heartbeat_s``); a node lost for silence that answers
+    within ``rejoin_within_s`` joins again (0: never). Outputs of at least
+    ``hold_output_min_bytes`` stay on their node (None: all travel by value);
+    ``max_output_bytes`` caps each stream of an exec (None: the CPU manager's default)."""
 
     resource: str = "arl_tangram"
     gpu_resource: str = "arl_tangram_gpu"
@@ -49,13 +59,16 @@ class RaySettings:
     actor_threads: int = 64
     agent_start_timeout_s: float = 180.0
     retry_start_s: float = 10.0  # after an agent failed to start on a node
+    rejoin_within_s: float = 300.0
+    hold_output_min_bytes: int | None = DEFAULT_HOLD_MIN_BYTES
+    max_output_bytes: int | None = None
     actor_runtime_env: dict[str, Any] | None = None  # e.g. {"env_vars": KEEP_CHILDREN_ENV}
     gpu: GpuSettings = field(default_factory=GpuSettings)
 
 
 @dataclass
 class _Beat:
-    last_ok: float
+    last_ok: float  # for a lost node still watched for a comeback: when it was lost
     pending: asyncio.Future[Any] | None = None
 
 
@@ -75,6 +88,7 @@ class RayMembership:
         self.links: dict[str, NodeLink] = {}  # ray node id -> link (live and lost)
         self.agents: dict[str, NodeAgent] = {}  # ray node id -> agent
         self.beats: dict[str, _Beat] = {}
+        self.watched: dict[str, _Beat] = {}  # lost for silence, pinged still: may come back
         self.on_lost: list[Callable[[NodeAgent, float], None]] = []
         self.on_join: list[Callable[[NodeAgent, float], None]] = []
         self._starting: set[str] = set()
@@ -89,7 +103,7 @@ class RayMembership:
         """Join and heartbeat loops, until cancelled."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._join_loop(tg), name="tangram-ray-join")
-            tg.create_task(self._heartbeat_loop(), name="tangram-ray-heartbeat")
+            tg.create_task(self._heartbeat_loop(tg), name="tangram-ray-heartbeat")
 
     # -- join ---------------------------------------------------------------------------
     async def discover(self, starts: asyncio.TaskGroup | None = None) -> list[NodeAgent]:
@@ -107,7 +121,9 @@ class RayMembership:
             nid, res = node["NodeID"], node.get("Resources", {})
             if not node.get("Alive", False):
                 if nid in self.links and not self.links[nid].lost.is_set():
-                    self._declare_lost(nid, "Ray reports the node dead")
+                    self._declare_lost(nid, "Ray reports the node dead", final=True)
+                elif nid in self.watched:
+                    self._give_up(nid, "Ray reports the node dead")
                 continue
             if (
                 nid in self.links
@@ -149,12 +165,7 @@ class RayMembership:
             report: NodeReport = await asyncio.wait_for(
                 actor.report.remote(), self.settings.agent_start_timeout_s
             )
-            verdict_s = self.settings.loss_after_s + 4 * self.settings.heartbeat_s
-            link = NodeLink(agent_id, ray_node_id, actor, report, verdict_s)
-            agent = NodeAgent(
-                agent_id, cpu=RayCpuProxy(link) if cpu else None, gpu=RayGpuProxy(link) if gpu else None,
-                host_mem_bytes=report.host_mem_bytes,
-            )  # fmt: skip
+            link, agent = self._link(agent_id, ray_node_id, actor, report, cpu, gpu)
             if gpu and self.register is not None:
                 await self.register(agent)
         except asyncio.CancelledError:
@@ -169,13 +180,44 @@ class RayMembership:
             return None
         finally:
             self._starting.discard(ray_node_id)
+        self._admit(ray_node_id, link, agent)
+        return agent
+
+    def _link(
+        self,
+        agent_id: str,
+        ray_node_id: str,
+        actor: Any,
+        report: NodeReport,
+        cpu: bool,
+        gpu: bool,
+        epoch: int = 0,
+    ) -> tuple[NodeLink, NodeAgent]:
+        s = self.settings
+        verdict_s = s.loss_after_s + 4 * s.heartbeat_s
+        link = NodeLink(
+            agent_id, ray_node_id, actor, report, verdict_s, s.hold_output_min_bytes, epoch
+        )
+        agent = NodeAgent(
+            agent_id, cpu=RayCpuProxy(link) if cpu else None, gpu=RayGpuProxy(link) if gpu else None,
+            host_mem_bytes=report.host_mem_bytes,
+        )  # fmt: skip
+        return link, agent
+
+    def _admit(self, ray_node_id: str, link: NodeLink, agent: NodeAgent) -> None:
+        """The node's capacity becomes schedulable (no await: a concurrent registration of
+        a service sees the node either before, and registers there, or after)."""
         self.links[ray_node_id], self.agents[ray_node_id] = link, agent
         self.beats[ray_node_id] = _Beat(time.monotonic())
         self.controller.join(agent)
-        log.info("node %s joined (Ray node %s, host %s)", agent_id, ray_node_id, report.hostname)
+        log.info(
+            "node %s joined (Ray node %s, host %s)",
+            agent.node_id,
+            ray_node_id,
+            link.report.hostname,
+        )
         for callback in self.on_join:
             callback(agent, time.time())
-        return agent
 
     async def _join_loop(self, starts: asyncio.TaskGroup) -> None:
         while True:
@@ -186,13 +228,16 @@ class RayMembership:
                 log.exception("polling Ray's nodes failed")
 
     # -- heartbeat ------------------------------------------------------------------------
-    async def _heartbeat_loop(self) -> None:
+    async def _heartbeat_loop(self, rejoins: asyncio.TaskGroup) -> None:
         while True:
-            self.beat(time.monotonic())
+            for nid in self.beat(time.monotonic()):
+                rejoins.create_task(self.rejoin(nid), name=f"tangram-ray-rejoin:{nid[:8]}")
             await asyncio.sleep(self.settings.heartbeat_s)
 
-    def beat(self, now: float) -> None:
-        """One heartbeat round: read the answers, declare the silent lost, ping the others."""
+    def beat(self, now: float) -> list[str]:
+        """One heartbeat round: read the answers, declare the silent lost, ping the others.
+        Returns the lost nodes that answered again (the caller runs ``rejoin`` for each)."""
+        comebacks = self._watch(now)
         for nid, beat in list(self.beats.items()):
             link = self.links[nid]
             if link.lost.is_set():
@@ -201,18 +246,79 @@ class RayMembership:
             if pending is not None and pending.done():
                 beat.pending = None
                 if _died(pending):
-                    self._declare_lost(nid, f"its agent died ({_why(pending)})")
+                    self._declare_lost(nid, f"its agent died ({_why(pending)})", final=True)
                     continue
                 if not pending.cancelled() and pending.exception() is None:
                     beat.last_ok = now
                 # any other failure (Ray's "actor unavailable" is transient) is a missed beat
             if now - beat.last_ok > self.settings.loss_after_s:
-                self._declare_lost(nid, f"no heartbeat for {now - beat.last_ok:.1f} s")
+                self._declare_lost(nid, f"no heartbeat for {now - beat.last_ok:.1f} s", now=now)
             elif beat.pending is None:
-                beat.pending = asyncio.wrap_future(link.actor.ping.remote().future())
-                beat.pending.add_done_callback(_retrieve)  # read even when nobody waits any more
+                beat.pending = _ping(link)
+        return comebacks
 
-    def _declare_lost(self, ray_node_id: str, why: str) -> None:
+    def _watch(self, now: float) -> list[str]:
+        """Ping the nodes lost for silence; those that answer come back, those whose actor
+        died or that stay silent past ``rejoin_within_s`` are given up."""
+        comebacks = []
+        for nid, watch in list(self.watched.items()):
+            pending = watch.pending
+            if pending is not None and pending.done():
+                watch.pending = None
+                if _died(pending):
+                    self._give_up(nid, f"its agent died ({_why(pending)})")
+                    continue
+                if not pending.cancelled() and pending.exception() is None:
+                    del self.watched[nid]
+                    comebacks.append(nid)
+                    continue
+            if now - watch.last_ok > self.settings.rejoin_within_s:
+                self._give_up(nid, f"silent for {now - watch.last_ok:.1f} s after its loss")
+            elif watch.pending is None:
+                watch.pending = _ping(self.links[nid])
+        return comebacks
+
+    async def rejoin(self, ray_node_id: str) -> NodeAgent | None:
+        """Take a lost node that answers again back: its agent drops everything it held and
+        reports afresh, the known services are registered on a GPU node, then it joins
+        (``NodeJoined``) under its old node ids. A failure gives the node up."""
+        old = self.links[ray_node_id]
+        try:
+            epoch = old.epoch + 1  # calls sent before the pause are refused from now on
+            reset = old.actor.reset.remote(epoch)
+            report: NodeReport = await asyncio.wait_for(reset, self.settings.agent_start_timeout_s)
+            link, agent = self._link(
+                old.agent_id, ray_node_id, old.actor, report, report.numa_cores is not None,
+                report.device_capacity_bytes is not None, epoch,
+            )  # fmt: skip
+            if agent.gpu is not None and self.register is not None:
+                await self.register(agent)
+        except asyncio.CancelledError:
+            _kill(old.actor)
+            raise
+        except Exception as exc:
+            log.exception("node %s answered again but could not be taken back", old.agent_id)
+            self._give_up(ray_node_id, f"taking it back failed ({type(exc).__name__})")
+            return None
+        self._admit(ray_node_id, link, agent)
+        log.warning(
+            "node %s came back after its loss: its old envs stay lost, it joins afresh",
+            agent.node_id,
+        )
+        return agent
+
+    def _give_up(self, ray_node_id: str, why: str) -> None:
+        watch = self.watched.pop(ray_node_id, None)
+        if watch is not None and watch.pending is not None:
+            watch.pending.cancel()
+        log.warning("node %s given up: %s", self.links[ray_node_id].agent_id, why)
+        _kill(self.links[ray_node_id].actor)
+
+    def _declare_lost(
+        self, ray_node_id: str, why: str, *, final: bool = False, now: float | None = None
+    ) -> None:
+        """The node is lost: its calls end, the core is told. ``final`` (its actor or its
+        Ray node is dead): its actor is killed; else it is watched for a comeback."""
         link, agent = self.links[ray_node_id], self.agents[ray_node_id]
         link.declare_lost(f"node {agent.node_id} was lost: {why}")
         beat = self.beats.pop(ray_node_id, None)
@@ -224,7 +330,10 @@ class RayMembership:
             if node_id in known:
                 self.controller.post(NodeLost(node_id))
         log.warning("node %s lost: %s", agent.node_id, why)
-        _kill(link.actor)
+        if final or self.settings.rejoin_within_s <= 0:
+            _kill(link.actor)
+        else:  # maybe only paused: watched for a comeback (its actor, alive, keeps its state)
+            self.watched[ray_node_id] = _Beat(time.monotonic() if now is None else now)
         for callback in self.on_lost:
             callback(agent, time.time())
 
@@ -243,7 +352,15 @@ class RayMembership:
             else:
                 problems += [f"{link.agent_id}: {p}" for p in res]
             _kill(link.actor)
+        for nid in list(self.watched):  # lost, maybe paused: their keepers clean up after them
+            self._give_up(nid, "the controller closed")
         return problems
+
+
+def _ping(link: NodeLink) -> asyncio.Future[Any]:
+    pending = asyncio.wrap_future(link.actor.ping.remote().future())
+    pending.add_done_callback(_retrieve)  # read even when nobody waits any more
+    return pending
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

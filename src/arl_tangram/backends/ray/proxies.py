@@ -8,7 +8,10 @@ stores, node to node, not through the GCS). A call waits in short slices so that
 at once, with ``NodeLostError``, when the heartbeat monitor declares its node lost, and an
 action's cancel flag (a ``threading.Event`` of this process) is forwarded to the actor.
 What the node reported at registration (its cores, its devices) is answered locally: the
-controller asks on its event loop, which must never wait on the network.
+controller asks on its event loop, which must never wait on the network. An action's output
+of at least ``NodeLink.hold_min_bytes`` stays on its node (``backends.ray.held``): the exec
+result names it in ``held_outputs``, a service call returns its ``RayHeldOutput`` in place
+of the value (``runtime.runs`` reads both).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from arl_tangram.backends.ray.actor import NodeReport
+from arl_tangram.backends.ray.held import DEFAULT_HOLD_MIN_BYTES
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 
 if TYPE_CHECKING:
@@ -37,7 +41,8 @@ class NodeLostError(RuntimeError):
 class NodeLink:
     """One node's agent actor and whether the monitor has declared the node lost.
     ``verdict_s`` (the monitor's loss delay and a margin) bounds how long a call that found
-    the actor unreachable waits for the verdict before giving up on the call alone."""
+    the actor unreachable waits for the verdict before giving up on the call alone.
+    ``hold_min_bytes``: outputs this large stay on the node (None: all travel by value)."""
 
     def __init__(
         self,
@@ -46,8 +51,12 @@ class NodeLink:
         actor: Any,
         report: NodeReport,
         verdict_s: float = 5.0,
+        hold_min_bytes: int | None = DEFAULT_HOLD_MIN_BYTES,
+        epoch: int = 0,
     ) -> None:
         self.agent_id = agent_id
+        self.hold_min_bytes = hold_min_bytes
+        self.epoch = epoch  # the agent's, since its last reset: its calls name it
         self.verdict_s = verdict_s  # how long a failed call waits for the monitor's verdict
         self.ray_node_id = ray_node_id
         self.actor = actor
@@ -62,7 +71,7 @@ class NodeLink:
     def call(self, port: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """A manager call on the node (blocking)."""
         self.check()
-        return self.wait(self.actor.call.remote(port, method, args, kwargs))
+        return self.wait(self.actor.call.remote(port, method, args, kwargs, self.epoch))
 
     def call_cancellable(
         self, port: str, method: str, cancel: threading.Event | None, *args: Any, **kwargs: Any
@@ -70,7 +79,9 @@ class NodeLink:
         """An action whose ``cancel`` flag, once set, stops it on the node."""
         self.check()
         call_id = f"{self.agent_id}:{next(_call_ids)}"
-        ref = self.actor.call_cancellable.remote(port, method, call_id, args, kwargs)
+        ref = self.actor.call_cancellable.remote(
+            port, method, call_id, args, kwargs, self.hold_min_bytes, self.epoch
+        )
         return self.wait(
             ref,
             lambda: cancel is not None and cancel.is_set(),
@@ -229,7 +240,7 @@ class RayGpuProxy:
         imported there (the controller's host need not have the model's dependencies)."""
         self.link.check()
         info: ServiceInfo = self.link.wait(
-            self.link.actor.register_service.remote(name, handler, folder, module)
+            self.link.actor.register_service.remote(name, handler, folder, module, self.link.epoch)
         )
         return info
 
@@ -249,8 +260,14 @@ class RayGpuProxy:
         self.link.call("gpu", "evict", replica_id)
 
     def run(self, replica_id: str, request: Any) -> dict[str, Any]:
-        output: dict[str, Any] = self.link.call("gpu", "run", replica_id, request)
-        return output
+        """The service's output; one of at least ``hold_min_bytes`` comes back as its
+        ``RayHeldOutput`` (a ``runtime.actions.LazyOutput``, which the runner recognises
+        before anything reads it as a dict), the bytes left on the node."""
+        self.link.check()
+        ref = self.link.actor.run_service.remote(
+            replica_id, request, self.link.hold_min_bytes, self.link.epoch
+        )
+        return cast(dict[str, Any], self.link.wait(ref))
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.link.call("gpu", "status")

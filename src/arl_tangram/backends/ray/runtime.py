@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from arl_tangram.agent.node import NodeAgent, check_replica_fits
@@ -123,6 +124,8 @@ async def start_ray_runtime(
         pool_size=config.cpu.pool_size,
         default_spec=SandboxSpec(config.cpu.mem_bytes, config.cpu.pids_max, config.cpu.workspace_bytes, config.cpu.tmp_bytes),
     )  # fmt: skip
+    if settings.max_output_bytes is not None:  # outputs stay on their node: a larger cap is cheap
+        cpu_config = replace(cpu_config, max_output_bytes=settings.max_output_bytes)
     control = NodeAgent(
         CONTROL_NODE, api=ApiManager(config.providers) if config.providers else None
     )
