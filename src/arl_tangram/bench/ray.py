@@ -17,6 +17,13 @@ them through the Ray backend; an embedded runtime (the local backend) runs besid
   action succeeding on it (Ray's node start included), new trajectories having started
   once it joined. ``actions_ok + actions_lost_reported`` must equal ``actions_submitted``
   (``actions_other`` counts anything else).
+- Large outputs: one exec printing 10 MiB, run twice on a sandbox node: with outputs by
+  value (the agent returns them in the result), then by reference (the agent keeps them in
+  its object store). ``output_10mib_record_bytes_*`` is the size of the result the
+  controller receives and keeps (its journal form, JSON); ``output_10mib_read_ms_*`` the
+  time from submission to the caller holding all 10 MiB (fetched on read when by reference).
+- A false loss: a sandbox node's agent is paused (SIGSTOP) past the loss timeout, then
+  resumed; ``node_rejoin_s`` is from the resume to the node joining again (its agent reset).
 
 Prints one flat JSON object with ``--json``; figures are whatever was measured.
 """
@@ -28,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -37,7 +45,8 @@ from typing import Any, cast
 
 from arl_tangram.client.client import AsyncClient
 from arl_tangram.client.transport import InProcessTransport
-from arl_tangram.runtime.actions import ActionResult
+from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
+from arl_tangram.runtime.codec import result_to_dict
 from arl_tangram.runtime.config import GpuConfig, ServiceConfig, TangramConfig
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 from arl_tangram.runtime.ray import controller_factory
@@ -155,8 +164,69 @@ async def _rollout(
     }
 
 
+async def _large_output(rt: Any, tg: AsyncClient) -> dict[str, Any]:
+    """A 10 MiB stdout by value, then by reference: what the controller holds of it."""
+    ten_mib = 10 << 20
+    env = await tg.create_env(memory="256MiB")
+    node = rt.controller.loop.state.envs[env.env_id].node_id.split("/")[0]
+    (link,) = (link for link in rt.membership.links.values() if link.agent_id == node)
+    by_reference = link.hold_min_bytes
+    out: dict[str, Any] = {}
+    for mode, hold in (("by_value", None), ("by_reference", by_reference)):
+        link.hold_min_bytes = hold
+        spec = env._spec("exec", 1, 60.0, None)
+        started = time.monotonic()
+        record = rt.controller.submit(
+            spec, ExecPayload(f"head -c {ten_mib} /dev/zero | tr '\\0' x")
+        )
+        read = await read_result(record)
+        read_ms = (time.monotonic() - started) * 1000.0
+        if read.outcome != "succeeded" or len(read.stdout) != ten_mib:
+            raise RuntimeError(
+                f"large output probe: {read.outcome} {read.cause} {len(read.stdout)} bytes"
+            )
+        out[f"output_10mib_record_bytes_{mode}"] = len(json.dumps(result_to_dict(record.result)))
+        out[f"output_10mib_read_ms_{mode}"] = round(read_ms, 1)
+        rt.controller.ack(spec.action_id)
+    link.hold_min_bytes = by_reference
+    await env.release()
+    return out
+
+
+async def _false_loss(rt: Any) -> dict[str, Any]:
+    """Pause a sandbox node's agent past the loss timeout, resume it, time its rejoin."""
+    (nid, link) = next(
+        (n, link) for n, link in sorted(rt.membership.links.items())
+        if not link.lost.is_set() and link.report.numa_cores is not None
+    )  # fmt: skip
+    seen: dict[str, float] = {}
+    rt.membership.on_lost.append(
+        lambda a, t: seen.setdefault("lost", t) if a.node_id == link.agent_id else None
+    )
+    rt.membership.on_join.append(
+        lambda a, t: seen.setdefault("join", t) if a.node_id == link.agent_id else None
+    )
+    os.kill(link.report.pid, signal.SIGSTOP)
+    try:
+        deadline = time.time() + 30
+        while "lost" not in seen and time.time() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        os.kill(link.report.pid, signal.SIGCONT)
+    resumed = time.time()
+    while "join" not in seen and time.time() - resumed < 60:
+        await asyncio.sleep(0.05)
+    back = rt.membership.links[nid] is not link and not rt.membership.links[nid].lost.is_set()
+    return {
+        "node_rejoined": back,
+        "node_rejoin_s": round(seen.get("join", float("nan")) - resumed, 3),
+    }
+
+
 async def measure(quick: bool) -> dict[str, Any]:
+    from arl_tangram.backends.ray.actor import GpuSettings
     from arl_tangram.backends.ray.local_cluster import LocalRayCluster
+    from arl_tangram.backends.ray.membership import RaySettings
     from arl_tangram.backends.ray.runtime import start_ray_runtime
     from arl_tangram.managers.gpu.models import minilm_path
 
@@ -170,14 +240,18 @@ async def measure(quick: bool) -> dict[str, Any]:
         victim = await asyncio.to_thread(cluster.add_node, SANDBOX)
         await asyncio.to_thread(cluster.add_node, MODEL)
         local = AsyncClient(InProcessTransport(await EmbeddedRuntime.start(TangramConfig())))
+        gpu = GpuSettings(config.gpu.devices, config.gpu.device_mem_bytes, config.gpu.mem_fraction)
+        settings = RaySettings(gpu=gpu, max_output_bytes=16 << 20)  # room for the 10 MiB probe
         rt = await start_ray_runtime(
-            config, cluster.address, make_controller=controller_factory(config)
+            config, cluster.address, make_controller=controller_factory(config), settings=settings
         )
         remote = AsyncClient(InProcessTransport(cast(EmbeddedRuntime, rt)))
         try:
             result: dict[str, Any] = {"nodes": len(rt.membership.live_agents)}
             result.update(await _overhead(local, remote, 20 if quick else 60))
             result.update(await _rollout(cluster, victim, rt, remote, quick))
+            result.update(await _large_output(rt, remote))
+            result.update(await _false_loss(rt))
         finally:
             lost = [
                 link.report.cgroup_root
