@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
@@ -117,10 +118,11 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
         from arl_tangram.managers.gpu.models import minilm_path
 
         progress.note(WORKLOAD, "loading MiniLM reward service; calibrating HumanEval problems in a sandbox")
-        # the model loads on a worker thread while the sandbox calibrates: both take seconds
+        # the model loads on a worker thread while the sandbox checks the problems (both take
+        # seconds); the turns are timed once it has loaded, alone on the pool
         async with asyncio.TaskGroup() as group:
-            group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
-            calibrating = group.create_task(_calibrate(reward, config, cores))
+            loading = group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
+            calibrating = group.create_task(_calibrate(reward, config, cores, loading))
         problems, calibration = calibrating.result()
         by_id = {p.task_id: p for p in problems}
         device_bytes = _service_bytes(reward)
@@ -145,11 +147,14 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
     return result
 
 
-async def _calibrate(client: AsyncClient, config: CodingConfig, cores: int) -> tuple[list[Problem], Calibration]:
-    """Inside one sandbox, alone on the pool: check every candidate's variants and time its
-    check; then, for each of the first ``calibration_problems`` problems kept, run one turn
-    (lint + canonical test run at DoP 1) and the same test run on all ``cores``. Their CPU
-    seconds set the think time, their run times the tests' declared curve (``Calibration``)."""
+async def _calibrate(
+    client: AsyncClient, config: CodingConfig, cores: int, quiet: Awaitable[object] | None = None
+) -> tuple[list[Problem], Calibration]:
+    """Inside one sandbox: check every candidate's variants and time its check; then, once
+    ``quiet`` is done (whatever else loads the cores), alone on the pool, for each of the
+    first ``calibration_problems`` problems kept run one turn (lint + canonical test run at
+    DoP 1) and the same test run on all ``cores``. Their CPU seconds set the think time,
+    their run times the tests' declared curve (``Calibration``)."""
     candidates = candidate_problems(config.num_problems, config.seed)
     async with await client.create_env(memory=config.env_mem) as env:
         await env.write_file("runner.py", RUNNER_SOURCE)
@@ -158,6 +163,8 @@ async def _calibrate(client: AsyncClient, config: CodingConfig, cores: int) -> t
         if not r.ok:
             raise RuntimeError(f"coding: calibration failed ({r.outcome}, {r.cause}): {r.stderr[-500:]}")
         problems = calibrated(candidates, json.loads(r.stdout), config)
+        if quiet is not None:
+            await quiet  # a model loading beside the DoP-n runs would make them look serial
         turns_core_s, serials = [], []
         for p in problems[: max(1, config.calibration_problems)]:
             await env.write_file("problem.json", json.dumps({"test": p.test, "entry_point": p.entry_point, "reps": p.reps}))
