@@ -6,7 +6,6 @@ mid-run gets work, and afterwards the cluster and every sandbox are gone."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -17,7 +16,7 @@ from arl_tangram.backends.ray.local_cluster import cgroup_dirs
 from arl_tangram.client.client import AsyncClient
 from arl_tangram.client.transport import InProcessTransport
 from arl_tangram.runtime.config import TangramConfig
-from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
+from tests.backends.conftest import local_cluster
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -27,16 +26,8 @@ SANDBOX = {"arl_tangram": 1.0}
 
 @pytest.fixture
 def cluster() -> Any:
-    if not host_can_sandbox() and not IN_CI:
-        pytest.skip("needs root and bubblewrap")
-    from arl_tangram.backends.ray.local_cluster import LocalRayCluster
-
-    c = LocalRayCluster().start(SANDBOX)
-    try:
+    with local_cluster(SANDBOX) as c:
         yield c
-    finally:
-        c.close()
-    assert not os.path.exists(c.temp_dir)
 
 
 async def _start(cluster: Any) -> Any:

