@@ -3,10 +3,12 @@ floors every cap, the look-ahead cap's inputs, and the ready-env memo's correctn
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
+from arl_tangram.core import env_flow
 from arl_tangram.core.elasticity import Amdahl
 from arl_tangram.core.events import ActionSubmitted
 from arl_tangram.core.policies import opportunity
@@ -80,3 +82,47 @@ def test_an_overdue_run_releases_its_cores_now_not_in_the_past() -> None:
     r = d.step([ActionSubmitted(make_action("late", env="e4", dop_max=16, serial_fraction=0.5, t_ori_s=8.0))], now=20.0)
     (start,) = [x for x in r.decisions if getattr(x, "action_id", None) == "late"]
     assert start.dop == 6
+
+
+def _after_a_round_of_commands(envs: int, cores: int, think_s: float) -> Driver:
+    """``envs`` ready envs at t=0 on one node of ``cores``; each submits a one-core command
+    after ``think_s`` (its think gap) and it finishes 0.5 s later: nothing runs after."""
+    d = Driver.of("elastic", make_cluster(cores=cores, numa=1))
+    for i in range(envs):
+        d.add_ready_env(make_env(f"e{i}"))
+    d.step([ActionSubmitted(make_action(f"c{i}", kind="lint", env=f"e{i}", t_ori_s=0.5)) for i in range(envs)], now=think_s)
+    d.finish(*(f"c{i}" for i in range(envs)), now=think_s + 0.5)
+    return d
+
+
+def test_env_submissions_teach_the_rate_per_idle_env_the_elastic_share_and_command_size() -> None:
+    d = _after_a_round_of_commands(envs=8, cores=8, think_s=2.0)
+    flow = env_flow.learned(StateEditor(d.state, d.now))
+    assert flow is not None
+    # 8 envs idle for 2 s, then 8 submissions: 0.5 per idle env-second (a 2 s think), decayed alike
+    assert flow.per_idle_env == pytest.approx(0.5, rel=0.02)
+    assert flow.elastic_share == 0.0 and flow.command_core_s == pytest.approx(0.5)  # one core for 0.5 s
+    d.step([ActionSubmitted(make_action("t", env="e0", dop_max=8, serial_fraction=0.04, t_ori_s=4.0))], now=5.5)
+    later = env_flow.learned(StateEditor(d.state, d.now))
+    # the first 8 submissions and 16 idle env-seconds have decayed for 3.5 s; since 2.5 s
+    # 8 envs were idle 3 s each, and one submitted: the rate falls, the elastic share rises
+    kept = math.exp(-3.5 / env_flow.FLOW_TAU_S)
+    assert later is not None and later.elastic_share == pytest.approx(1 / (8 * kept + 1))
+    assert later.per_idle_env == pytest.approx((8 * kept + 1) / (16 * kept + 8 * 3.0))
+
+
+def test_in_a_lull_the_learned_flow_caps_a_test_run_that_would_take_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing runs, 8 envs think ~1 s between actions: a test run arriving now is capped
+    for the arrivals expected during it; without the learned flow it took all 8 cores."""
+
+    def test_run_dop() -> tuple[int, str]:
+        d = _after_a_round_of_commands(envs=8, cores=8, think_s=1.0)
+        r = d.step([ActionSubmitted(make_action("t", env="e0", dop_max=8, serial_fraction=0.04, t_ori_s=4.0))], now=2.0)
+        (start,) = [x for x in r.decisions if getattr(x, "action_id", None) == "t"]
+        return start.dop, start.reason
+
+    dop, reason = test_run_dop()
+    assert dop < 8 and "capped" in reason
+    monkeypatch.setattr(env_flow, "learned", lambda ed: None)
+    dop, reason = test_run_dop()
+    assert dop == 8 and "capped" not in reason

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from arl_tangram.core import env_flow
 from arl_tangram.core.action import ActionSpec, EnvSpec
 from arl_tangram.core.decisions import (
     EvictService,
@@ -65,6 +66,8 @@ def enqueue(ed: StateEditor, spec: ActionSpec, arrived_s: float) -> QueuedAction
     qa = QueuedAction(spec, arrived_s, ed.next_seq())
     ed.w(lane)[spec.action_id] = qa
     note_queued(ed, lane, spec.tenant, +1)
+    if spec.binding.kind == "env":
+        env_flow.note_submitted(ed, spec, estimated_t_ori(ed, qa))
     return qa
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from arl_tangram.core import ledger
+from arl_tangram.core import env_flow, ledger
 from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
@@ -82,6 +82,7 @@ class Scheduler:
 
     def step(self, state: ClusterState, events: Sequence[Event], now: float) -> StepResult:
         ed = state.edit(max(now, state.now_s))
+        env_flow.advance(ed, state.now_s)
         decisions: list[Decision] = []
         cause = "wake"
         if not events:

@@ -93,7 +93,7 @@ class QuotaFree:
 _TABLES = (
     "cpu", "gpu", "quota", "envs", "env_queue", "env_busy", "replicas",
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
-    "tenant_queued", "tenant_held",
+    "tenant_queued", "tenant_held", "env_flow",
 )
 
 
@@ -128,6 +128,8 @@ class ClusterState:
     # queued in the lane, and what its running actions of the lane hold and held recently.
     tenant_queued: Mapping[tuple[str, str], int] = field(default_factory=dict)
     tenant_held: Mapping[tuple[str, str], TenantUse] = field(default_factory=dict)
+    # What env submissions taught about the pool's arrivals (core/env_flow.py): decayed sums.
+    env_flow: Mapping[str, float] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -167,6 +169,7 @@ class StateEditor:
     service_demand: Mapping[str, tuple[float, float]]
     tenant_queued: Mapping[tuple[str, str], int]
     tenant_held: Mapping[tuple[str, str], TenantUse]
+    env_flow: Mapping[str, float]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec
