@@ -69,7 +69,7 @@ class CodingConfig:
 
     def describe(self, pool_cores: int, turn_core_s: float | None = None) -> dict[str, object]:
         return {**asdict(self), "pod_millicores": self.pod_millicores(pool_cores), "turn_core_s": turn_core_s,
-                "serial_fraction": self.serial_fraction(), "think_mean_s": self.think_mean_s(pool_cores, turn_core_s)}  # fmt: skip
+                "nominal_serial_fraction": self.serial_fraction(), "think_mean_s": self.think_mean_s(pool_cores, turn_core_s)}  # fmt: skip
 
 
 @dataclass(frozen=True)
