@@ -42,11 +42,9 @@ def advance(ed: StateEditor, since_s: float) -> None:
     """Decay the sums over ``[since_s, ed.now_s]`` and add the idle env-seconds of that
     interval (the state as the last round left it). Called once per round, before its events."""
     dt = ed.now_s - since_s
-    if dt > 0.0 and (ed.envs or ed.env_flow):
-        _add_idle(ed, dt, math.exp(-dt / FLOW_TAU_S))
-
-
-def _add_idle(ed: StateEditor, dt: float, keep: float) -> None:
+    if dt <= 0.0 or not (ed.envs or ed.env_flow):
+        return
+    keep = math.exp(-dt / FLOW_TAU_S)
     idle = len(ed.envs) - len(ed.env_queue) - len(ed.env_busy) - len(ed.queue_cpu)
     flow = ed.w("env_flow")
     for key in (SUBMISSIONS, ELASTIC, COMMAND_CORE_S, IDLE_ENV_S):
