@@ -21,10 +21,14 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Debian packages: bubblewrap for the CPU manager's sandboxes, gcc/g++ for the SandboxFusion
-# face's C and C++ runs; skipped when already present.
+# face's C and C++ runs, and the image tools (skopeo, umoci, docker-registry for a loopback
+# registry in tests, mmdebstrap for the benchmark's cached base, zstd for zstd layers);
+# skipped when all are present.
+SYSTEM_TOOLS := bwrap gcc g++ skopeo umoci docker-registry mmdebstrap zstd
+SYSTEM_PKGS  := bubblewrap gcc g++ skopeo umoci docker-registry mmdebstrap zstd
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 \
-	  || (apt-get update -qq && apt-get install -y -qq bubblewrap gcc g++)
+	@missing=; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
+	  [ -z "$$missing" ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PKGS))
 
 # The main job: real rollout-shaped workloads through ARL-Tangram and the baselines, side by side.
 demo: $(STAMP) system-deps
