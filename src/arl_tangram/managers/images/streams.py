@@ -115,21 +115,42 @@ def unpack_blob(
 
     compressed = MeteredReader(raw, charge_fetched)
     buffered = io.BufferedReader(compressed, _CHUNK)
-    with _decompressed(buffered, label) as plain:  # type: ignore[arg-type]
-        tar_in = MeteredReader(plain, charge_unpacked)
-        unpack_tar(tar_in, dest, label)  # type: ignore[arg-type]
-        while tar_in.read(_CHUNK):  # trailing padding still counts in the diff_id
-            pass
-    while buffered.read(_CHUNK):
-        pass
-    if declared_bytes is not None and compressed.num_bytes != declared_bytes:
-        raise LayerRefusedError(
-            "layer", f"{label}: truncated: {compressed.num_bytes} of its declared {declared_bytes} bytes")
-    if blob_digest is not None and compressed.digest() != blob_digest:
-        raise LayerRefusedError("layer", f"{label}: digest mismatch: blob is {compressed.digest()}, expected {blob_digest}")
+    try:
+        with _decompressed(buffered, label) as plain:  # type: ignore[arg-type]
+            tar_in = MeteredReader(plain, charge_unpacked)
+            unpack_tar(tar_in, dest, label)  # type: ignore[arg-type]
+            while tar_in.read(_CHUNK):  # trailing padding still counts in the diff_id
+                pass
+    except LayerRefusedError as exc:
+        # a corrupt stream usually shows as a gzip/tar error first: name the root cause
+        # (a blob that is not the one the manifest names) when the blob's own check says so
+        raise _blob_cause(buffered, compressed, label, declared_bytes, blob_digest) or exc from None
+    cause = _blob_cause(buffered, compressed, label, declared_bytes, blob_digest)
+    if cause is not None:
+        raise cause
     if diff_id is not None and tar_in.digest() != diff_id:
         raise LayerRefusedError("layer", f"{label}: diff_id mismatch: tar is {tar_in.digest()}, expected {diff_id}")
     return BlobResult(compressed.digest(), tar_in.digest(), compressed.num_bytes, tar_in.num_bytes)
+
+
+def _blob_cause(buffered: io.BufferedReader, compressed: MeteredReader, label: str, declared_bytes: int | None,
+                blob_digest: str | None) -> LayerRefusedError | None:
+    """Read the blob to its end (bounded by the declared size) and say what is wrong with it."""
+    try:
+        while buffered.read(_CHUNK):
+            pass
+    except LayerRefusedError as exc:
+        return exc
+    except (OSError, ValueError):
+        return None
+    if declared_bytes is not None and compressed.num_bytes > declared_bytes:
+        return LayerRefusedError("layer", f"{label}: larger than its declared size of {declared_bytes} bytes")
+    if declared_bytes is not None and compressed.num_bytes < declared_bytes:
+        return LayerRefusedError(
+            "layer", f"{label}: truncated: {compressed.num_bytes} of its declared {declared_bytes} bytes")
+    if blob_digest is not None and compressed.digest() != blob_digest:
+        return LayerRefusedError("layer", f"{label}: digest mismatch: blob is {compressed.digest()}, expected {blob_digest}")
+    return None
 
 
 @contextlib.contextmanager
