@@ -116,7 +116,7 @@ def unpack_blob(
     compressed = MeteredReader(raw, charge_fetched)
     buffered = io.BufferedReader(compressed, _CHUNK)
     try:
-        with _decompressed(buffered, label) as plain:  # type: ignore[arg-type]
+        with _decompressed(buffered, label) as plain:
             tar_in = MeteredReader(plain, charge_unpacked)
             unpack_tar(tar_in, dest, label)  # type: ignore[arg-type]
             while tar_in.read(_CHUNK):  # trailing padding still counts in the diff_id
@@ -133,7 +133,7 @@ def unpack_blob(
     return BlobResult(compressed.digest(), tar_in.digest(), compressed.num_bytes, tar_in.num_bytes)
 
 
-def _blob_cause(buffered: io.BufferedReader, compressed: MeteredReader, label: str, declared_bytes: int | None,
+def _blob_cause(buffered: io.BufferedReader[MeteredReader], compressed: MeteredReader, label: str, declared_bytes: int | None,
                 blob_digest: str | None) -> LayerRefusedError | None:
     """Read the blob to its end (bounded by the declared size) and say what is wrong with it."""
     try:
@@ -154,7 +154,7 @@ def _blob_cause(buffered: io.BufferedReader, compressed: MeteredReader, label: s
 
 
 @contextlib.contextmanager
-def _decompressed(buffered: io.BufferedReader, label: str) -> Iterator[BinaryIO]:
+def _decompressed(buffered: io.BufferedReader[MeteredReader], label: str) -> Iterator[BinaryIO]:
     magic = buffered.peek(4)[:4]
     if magic.startswith(_GZIP_MAGIC):
         with gzip.GzipFile(fileobj=buffered, mode="rb") as gz:
@@ -172,7 +172,7 @@ def _decompressed(buffered: io.BufferedReader, label: str) -> Iterator[BinaryIO]
 
 
 @contextlib.contextmanager
-def _zstd(buffered: io.BufferedReader, label: str) -> Iterator[BinaryIO]:
+def _zstd(buffered: io.BufferedReader[MeteredReader], label: str) -> Iterator[BinaryIO]:
     """zstd through the ``zstd`` binary: a feeder thread writes the blob, we read the tar."""
     zstd = shutil.which("zstd")
     if zstd is None:
