@@ -80,7 +80,11 @@ def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, proc: subprocess.Po
     first (as before) let a launcher that had not joined yet start the program afterwards,
     which ran to its end under the ``timed_out`` label. The launcher is our child and not yet
     reaped (``pump`` reaps it after this returns), so its pid cannot have been reused."""
-    kill_tree(proc.pid, spare_root=True)  # what a cgroup-less (unisolated) run can still find
+    if driver.version == 0:
+        # unisolated: no cgroup lists the tree, only /proc does (a daemon escapes it); with
+        # cgroups the frozen slot kill below ends the tree at once, never a child before its
+        # parent (a shell that saw its child die would run its next command)
+        kill_tree(proc.pid, spare_root=True)
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGKILL)
     _wait_exited(proc.pid, grace_s)
