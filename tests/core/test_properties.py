@@ -379,6 +379,8 @@ class Harness(Executor):
     seq: itertools.count[int] = field(default_factory=itertools.count)
     submitted: set[str] = field(default_factory=set)
     started: set[str] = field(default_factory=set)
+    submitted_at_s: dict[str, float] = field(default_factory=dict)
+    started_at_s: dict[str, float] = field(default_factory=dict)
     rejected: set[str] = field(default_factory=set)
     chains: dict[str, list[ActionSpec]] = field(default_factory=dict)
     before: ClusterState | None = None
@@ -411,6 +413,7 @@ class Harness(Executor):
 
     def _submit_at(self, t: float, spec: ActionSpec) -> None:
         self.submitted.add(spec.action_id)
+        self.submitted_at_s[spec.action_id] = t
         self._at(t, ActionSubmitted(spec))
 
     # -- the executor ---------------------------------------------------------------------
@@ -426,6 +429,7 @@ class Harness(Executor):
 
     def start_action(self, d: StartAction) -> None:
         self.started.add(d.action_id)
+        self.started_at_s[d.action_id] = self.clock.now_s
         run = self.state.running[d.action_id]
         self._at(max(run.expected_end_s, self.clock.now_s), ActionFinished(d.action_id, stimulus_id=d.stimulus_id))
 
@@ -529,4 +533,11 @@ def test_aging_reserves_the_node_for_a_wide_action() -> None:
     narrow = [(1, 1, 0.0, 1.0)] * 6
     load = Load(trajectories=[("A", 1, narrow) for _ in range(5)] + [("A", 1, [(8, 8, 0.0, 4.0)])], gpu=[], api=[])
     for policy in ("elastic", "fixed-dop"):
-        _assert_everything_started(Harness(policy, load))
+        h = Harness(policy, load)
+        _assert_everything_started(h)
+        # once aged, the wide action waits only for the narrow ones already running (1 s
+        # each, plus the 0.1 s gap before a trajectory's next one); without the reservation,
+        # narrow ones keep starting in front of it until their trajectories end
+        waited_s = h.started_at_s["t5/0"] - h.submitted_at_s["t5/0"]
+        aging_s = policy_params(policy)["aging_s"]
+        assert waited_s <= aging_s + 1.0 + 0.2, f"{policy}: the wide action waited {waited_s:.2f} s, aging_s={aging_s}"

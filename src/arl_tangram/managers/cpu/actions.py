@@ -4,13 +4,19 @@ Who calls: ``CpuManager`` after the sandbox applied the grant to a slot; this mo
 not touch grants. The action's process tree is exactly the slot's tasks: when the program
 exits (any outcome) whatever it left running is killed, daemons included, unless the caller
 asked for ``background=True``; a timeout or a cancel kills the tree and nothing else. The
-launcher is never killed: it reaps its child and exits, so no orphan reaches the host.
+launcher is spared when the program exits by itself (it reaps its child and exits, so no
+orphan reaches the host); a timeout or a cancel kills the launcher *first* (see ``_stop``),
+because until it has joined the slot's cgroups and forked, no cgroup kill can reach what it
+is about to start.
 Infrastructure trouble never raises: it becomes ``error`` with the cause, or ``cancelled``
 when the sandbox is being destroyed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -18,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
-from arl_tangram.managers.cpu.cgroup_kill import is_host_level
+from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S, is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
 from arl_tangram.managers.cpu.errors import CpuManagerError
 from arl_tangram.managers.cpu.launch import (
@@ -47,6 +53,7 @@ class ActionRequest:
     max_output_bytes: int
     background: bool = False
     on_output: OutputSink | None = None  # live chunks while it runs (proc_io.OutputSink)
+    kill_grace_s: float = KILL_GRACE_S  # a timed-out action's processes are gone within this
 
 
 def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool) -> subprocess.Popen[bytes]:
@@ -63,9 +70,41 @@ def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping
     )  # fmt: skip
 
 
-def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, launcher_pid: int) -> None:
-    driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included; launcher spared
-    kill_tree(launcher_pid, spare_root=True)  # what a cgroup-less (unisolated) run can still find
+def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """End a timed-out or cancelled action wherever its launcher is: not yet in the slot's
+    cgroups, joined but not yet forked, or waiting on the program.
+
+    The launcher forks the program only after it joined the slot, so once the launcher is
+    dead nothing new can appear in the slot: kill it, wait (up to ``grace_s``) until it is
+    gone, and only then kill the slot, whose task list is then complete. Killing the slot
+    first (as before) let a launcher that had not joined yet start the program afterwards,
+    which ran to its end under the ``timed_out`` label. The launcher is our child and not yet
+    reaped (``pump`` reaps it after this returns), so its pid cannot have been reused."""
+    if driver.version == 0:
+        # unisolated: no cgroup lists the tree, only /proc does (a daemon escapes it); with
+        # cgroups the frozen slot kill below ends the tree at once, never a child before its
+        # parent (a shell that saw its child die would run its next command)
+        kill_tree(proc.pid, spare_root=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    _wait_exited(proc.pid, grace_s)
+    driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included
+
+
+def _wait_exited(pid: int, timeout_s: float) -> bool:
+    """Wait until child ``pid`` has exited, leaving it unreaped (``WNOWAIT``)."""
+    deadline = time.monotonic() + timeout_s
+    delay_s = 0.0005
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.01)
 
 
 def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[int, str | None]:
@@ -104,11 +143,13 @@ def _run(
 ) -> ExecResult:  # fmt: skip
     driver.reset_slot_counters(sandbox.group, slot)
     oom_before = driver.oom_kills(sandbox.group)
+    started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
     proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None)
     t_spawned = time.perf_counter()
     res = pump(
-        proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes,
-        cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc.pid), on_output=req.on_output,
+        proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
+        cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
+        stop_grace_s=req.kill_grace_s,
     )  # fmt: skip
     killed, error = (0, None) if req.background and not (res.timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
     wall_s = time.perf_counter() - t0

@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable
 
 KILL_TIMEOUT_S = 5.0
+#: the kill grace: a timed-out or cancelled action's processes are gone within this many
+#: seconds of its timeout firing, whatever its launcher was doing then (``actions._stop``)
+KILL_GRACE_S = 2.0
 
 
 def ns_depth(pid: int) -> int:

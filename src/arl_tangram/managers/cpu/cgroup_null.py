@@ -80,16 +80,15 @@ class NullCgroupDriver:
 
 
 def kill_tree(pid: int, *, spare_root: bool = False) -> None:
-    """SIGKILL ``pid`` and its descendants (found via /proc children lists); with
+    """SIGKILL ``pid`` and its descendants (found via /proc children lists), parents before
+    their children (a shell that saw its child killed would run its next command); with
     ``spare_root`` only the descendants (the root, a launcher, then reaps its child)."""
-    todo, seen = [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    order, seen = [pid], {pid}
+    for p in order:  # grows while walked: breadth first
         with contextlib.suppress(OSError), open(f"/proc/{p}/task/{p}/children", encoding="ascii") as f:
-            todo.extend(int(c) for c in f.read().split())
-    for p in seen - ({pid} if spare_root else set()):
+            kids = [int(c) for c in f.read().split() if int(c) not in seen]
+        seen.update(kids)
+        order.extend(kids)
+    for p in order[1:] if spare_root else order:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S
 from arl_tangram.managers.cpu.errors import InvalidRequestError
 
 #: host paths bound read-only into every sandbox (the rest of the host, /root and /home
@@ -50,9 +51,12 @@ class CpuManagerConfig:
     sandbox_uid: int = 1000
     host_uid: int = 65534
     host_gid: int = 65534
+    kill_grace_s: float = KILL_GRACE_S  # a timed-out action's processes are gone within this
 
     def __post_init__(self) -> None:
         _positive_int("config.pool_size", self.pool_size, minimum=0)
+        if not isinstance(self.kill_grace_s, int | float) or isinstance(self.kill_grace_s, bool) or not 0 < self.kill_grace_s <= 60:
+            raise InvalidRequestError("config.kill_grace_s", "must be a number of seconds in (0, 60]", self.kill_grace_s)
         _positive_int("config.max_output_bytes", self.max_output_bytes, minimum=1)
         for name in ("max_file_bytes", "max_transfer_bytes", "dev_bytes"):
             _positive_int(f"config.{name}", getattr(self, name), minimum=1 << 10)

@@ -395,7 +395,7 @@ class CpuManager:
         req = ActionRequest(
             argv=argv, env=validate_env(env), cwd=self._cwd(cwd), stdin=validate_stdin(stdin),
             timeout_s=validate_timeout(timeout_s), max_output_bytes=self._cap(max_output_bytes), background=bool(background),
-            on_output=on_output,
+            on_output=on_output, kill_grace_s=self.config.kill_grace_s,
         )  # fmt: skip
         sb = self.get_sandbox(sandbox_id)
         cpus = self.reserve(g)

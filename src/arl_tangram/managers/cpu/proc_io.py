@@ -66,12 +66,17 @@ def pump(
     on_stop: Callable[[], None],
     drain_s: float = 0.05,
     on_output: OutputSink | None = None,
+    started: float | None = None,
+    stop_grace_s: float = _STOP_GRACE_S,
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
 
-    On timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the
-    wait then continues until the process is gone. Called from one thread per process.
+    The timeout counts from ``started`` (a ``time.monotonic()`` value; default: now). On
+    timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the wait
+    then continues until the process is gone, at most ``stop_grace_s`` (then ``proc`` is
+    killed). A process whose exit is already pending when the deadline is noticed has ended
+    by itself and is not timed out. Called from one thread per process.
     """
     out = StreamBuffer(cap_bytes, bytearray(), name="stdout", sink=on_output)
     err = StreamBuffer(cap_bytes, bytearray(), name="stderr", sink=on_output)
@@ -89,18 +94,18 @@ def pump(
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
         else:
             proc.stdin.close()
-    deadline = time.monotonic() + timeout_s
+    deadline = (time.monotonic() if started is None else started) + timeout_s
     stopped = timed_out = cancelled = exited = False
     try:
         while not exited:
             now = time.monotonic()
             if not stopped:
                 is_cancel = cancel is not None and cancel.is_set()
-                if now >= deadline or is_cancel:
+                if (now >= deadline or is_cancel) and not _exited(pidfd):
                     timed_out, cancelled, stopped = not is_cancel, is_cancel, True
                     on_stop()
                     # the process tree is dead or dying; never wait on it for long
-                    deadline = now + _STOP_GRACE_S
+                    deadline = time.monotonic() + stop_grace_s
                     continue
             elif now >= deadline:
                 proc.kill()
@@ -120,6 +125,13 @@ def pump(
     finally:
         _close(sel, proc, pidfd)
     return PumpResult(proc.returncode, out, err, timed_out, cancelled)
+
+
+def _exited(pidfd: int) -> bool:
+    """True when the process behind ``pidfd`` has exited (its pidfd is readable)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(pidfd, selectors.EVENT_READ)
+        return bool(sel.select(0))
 
 
 def _write_stdin(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], pending: memoryview) -> memoryview:

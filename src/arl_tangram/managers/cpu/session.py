@@ -10,6 +10,12 @@ Who calls: ``SessionRegistry``, which applies the grant to the session's slot ar
 ``run`` (the slot is parked otherwise) and serialises runs of one session with
 ``ShellSession.lock``. ``kill`` may come from another thread during a run (close, destroy):
 the run then sees its shell exit and returns.
+
+A timeout or cancel kills the command's processes (all of the slot but the shell) on every
+turn until the sentinel comes back, within the kill grace (else the shell is killed):
+the shell may fork the command's next program after a kill. The output shown ends where the
+command was stopped; what the shell itself does after (a builtin such as ``echo``) is not
+the command's output. Its exit code is then ``None``.
 """
 
 from __future__ import annotations
@@ -28,11 +34,11 @@ from dataclasses import dataclass
 
 from arl_tangram.managers.cpu.actions import spawn_in_slot
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
+from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 _SAFE = re.compile(rb"[A-Za-z0-9_./,:=+@%-]")
 _TAIL_KEEP = 512
-_INTERRUPT_GRACE_S = 2.0
 
 
 def ansi_c_quote(text: str) -> str:
@@ -54,12 +60,13 @@ class SentinelStream:
         self.tail = bytearray()
         self.total = 0
         self.end: int | None = None  # stream offset where the sentinel starts
+        self.cut_at: int | None = None  # stream offset of a stop: later output is dropped
         self.status: int | None = None
 
     def feed(self, chunk: bytes) -> None:
         if self.end is not None:
             return  # late output of background jobs after the sentinel: not this command's
-        if len(self.head) < self.cap_bytes:
+        if len(self.head) < self.cap_bytes and self.cut_at is None:
             self.head += chunk[: self.cap_bytes - len(self.head)]
         self.tail += chunk
         self.total += len(chunk)
@@ -74,9 +81,15 @@ class SentinelStream:
         if len(self.tail) > _TAIL_KEEP:
             del self.tail[: len(self.tail) - _TAIL_KEEP]
 
+    def cut(self) -> None:
+        """The command was stopped here: what follows (up to the sentinel) is not shown."""
+        self.cut_at = self.total
+
     def content(self) -> tuple[bytes, bool, int]:
         """(captured bytes, truncated, real length) of the command's output."""
         end = self.total if self.end is None else self.end
+        if self.cut_at is not None:
+            end = min(end, self.cut_at)
         return bytes(self.head[: min(len(self.head), end)]), end > self.cap_bytes, end
 
 
@@ -93,8 +106,9 @@ class SessionRun:
 class ShellSession:
     """One bash process in its own slot of a sandbox."""
 
-    def __init__(self, session_id: str, sandbox: Sandbox, driver: CgroupDriver, slot: str) -> None:
+    def __init__(self, session_id: str, sandbox: Sandbox, driver: CgroupDriver, slot: str, *, kill_grace_s: float = KILL_GRACE_S) -> None:
         self.session_id = session_id
+        self.kill_grace_s = kill_grace_s
         self.sandbox = sandbox
         self.slot = slot
         self.lock = threading.Lock()
@@ -147,13 +161,24 @@ class ShellSession:
                     now = time.monotonic()
                     if stopped is None and (now >= deadline or (cancel is not None and cancel.is_set())):
                         stopped = "cancelled" if cancel is not None and cancel.is_set() else "timed_out"
-                        self._interrupt()
-                        deadline = now + _INTERRUPT_GRACE_S
+                        # what is in the pipes now was written before the stop; nothing
+                        # later is the command's output (it must not show it ran on)
+                        if self._pump(sel.select(0), sel):
+                            break
+                        out.cut()
+                        err.cut()
+                        deadline = now + self.kill_grace_s
                     elif stopped is not None and now >= deadline:
                         self.kill()  # the shell itself is stuck (e.g. a builtin loop)
                         break
-                    events = sel.select(min(deadline - now, 0.05) if cancel is not None else deadline - now)
-                    if self._pump(events, sel):
+                    if stopped is not None:
+                        # again on every turn: the shell may fork the command's next
+                        # program after a kill (or had not forked the first one yet)
+                        self._kill_command()
+                    wait = deadline - now
+                    if cancel is not None or stopped is not None:
+                        wait = min(wait, 0.05 if stopped is None else 0.005)
+                    if self._pump(sel.select(max(0.0, wait)), sel):
                         break
             finally:
                 os.close(pidfd)
@@ -163,7 +188,9 @@ class ShellSession:
             with contextlib.suppress(OSError):
                 for fd, stream in ((proc.stdout.fileno(), out), (proc.stderr.fileno(), err)):
                     stream.feed(os.read(fd, 1 << 20))
-        status = out.status if out.end is not None else (proc.returncode if died else None)
+        # a stopped command has no status of its own (what the shell ran after the kill is
+        # not the command's result)
+        status = None if stopped else out.status if out.end is not None else (proc.returncode if died else None)
         return SessionRun(status, out, err, stopped == "timed_out", stopped == "cancelled", died)
 
     @staticmethod
@@ -203,17 +230,15 @@ class ShellSession:
             pids.update(int(p) for p in f.read().split())
         return pids
 
-    def _interrupt(self) -> None:
-        """Kill the running command's processes (everything in the slot but the shell)."""
+    def _kill_command(self) -> int:
+        """SIGKILL the running command's processes (everything in the slot but the shell and
+        its launcher); returns how many were signalled."""
         spare = self._shell_pids()
-        for _ in range(50):
-            victims = [p for p in self._driver.slot_pids(self.sandbox.group, self.slot) if p not in spare]
-            if not victims:
-                return
-            for pid in victims:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.002)
+        victims = [p for p in self._driver.slot_pids(self.sandbox.group, self.slot) if p not in spare]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(victims)
 
     def kill(self) -> None:
         """Kill the shell and everything it started; idempotent. The launcher is spared by

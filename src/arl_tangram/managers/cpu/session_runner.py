@@ -40,7 +40,7 @@ class SessionRegistry:
         cpus = mgr.reserve(grant_request(mgr.topology, cores=1))
         try:
             slot = sb.begin(cpus, 1000, kind="session")
-            session = ShellSession(f"{sandbox_id}.{secrets.token_hex(4)}", sb, mgr.driver, slot)
+            session = ShellSession(f"{sandbox_id}.{secrets.token_hex(4)}", sb, mgr.driver, slot, kill_grace_s=mgr.config.kill_grace_s)
             try:
                 session.start({**mgr.base_env(sandbox_id, 1), **env}, cwd)
             except BaseException:
