@@ -187,5 +187,5 @@ def test_pull_bookkeeping_holds_under_any_order(ops: list[tuple[str, int]]) -> N
             claimed = [x.digest for p in drv.state.pulls.values() if p.node_id == node_id for x in p.layers]
             assert len(claimed) == len(set(claimed))
     placed = {d.env_id for d in of_type(drv.log, PlaceEnv)}
-    for env_id, env in drv.state.envs.items():  # every live env is created, pending, or waits
+    for env_id in drv.state.envs:  # every live env is created, pending, or waits
         assert env_id in placed or env_id in drv.state.env_queue or env_id in drv.state.env_pulls

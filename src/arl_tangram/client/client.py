@@ -14,13 +14,14 @@ action is not retried when its env went with the node. ``result.attempts`` says 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from arl_tangram.client.transport import Transport
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import Amdahl, ElasticityModel, NonElastic, Table
+from arl_tangram.core.env_spec import check_image_reference
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.runtime.actions import (
@@ -113,6 +114,13 @@ class AsyncClient:
         )  # fmt: skip
         await self.transport.create_env(spec)
         return Env(self, spec.env_id, trajectory_id)
+
+    async def prefetch(self, images: Sequence[str] | str, *, nodes: Sequence[str] = ()) -> None:
+        """Pull ``images`` onto ``nodes`` (node ids, e.g. ``local/cpu``; every node when
+        empty) ahead of the envs that will need them: warm the next batch's images while
+        this one runs. Returns once the pulls are ordered (one per node lacking layers)."""
+        for image in [images] if isinstance(images, str) else list(images):
+            await self.transport.prefetch(check_image_reference(image), nodes)
 
     async def call(
         self, name: str, request: Any, *, timeout_s: float | None = None, tokens: int | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -150,6 +150,9 @@ class HttpTransport(Transport):
                 raise EnvFailedError(exc.body.get("error", "the sandbox failed to start")) from None
             raise
         self.envs.add(spec.env_id)
+
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        await self._call("POST", "/v1/images", json={"reference": image, "nodes": list(nodes)})
 
     async def release_env(self, env_id: str) -> None:
         self.envs.discard(env_id)

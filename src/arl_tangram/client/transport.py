@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
@@ -29,6 +29,10 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def create_env(self, spec: EnvSpec) -> None: ...
+
+    @abc.abstractmethod
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        """Order ``image`` pulled onto ``nodes`` (all when empty); returns once ordered."""
 
     @abc.abstractmethod
     async def release_env(self, env_id: str) -> None: ...
@@ -85,6 +89,9 @@ class InProcessTransport(Transport):
 
     async def create_env(self, spec: EnvSpec) -> None:
         await self.controller.create_env(spec)
+
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        self.controller.prefetch(image, tuple(nodes))
 
     async def release_env(self, env_id: str) -> None:
         self.controller.release_env(env_id)
