@@ -58,7 +58,8 @@ def test_placement_prefers_the_node_holding_the_layers() -> None:
 
 def test_without_the_layers_placement_charges_missing_bytes() -> None:
     drv = Driver.of("elastic", cluster(2))
-    # cpu-0 lacks only the small task layer, cpu-1 lacks all: cpu-0 is sooner ready.
+    # cpu-0 lacks only the small task layer, cpu-1 (more free memory) lacks all: cpu-0 is sooner ready.
+    drv.step([EnvRequested(EnvSpec("host-env", 8 * GIB, image="host"))])
     drv.step([NodeLayersChanged("cpu-0", (BASE,))])
     out = drv.step([EnvRequested(image_env("e0"))])
     pulls = of_type(out.decisions, PullImage)
