@@ -152,7 +152,7 @@ async def test_a_retried_post_with_the_same_idempotency_key_runs_once(http: http
     [
         ("/v1/envs", {"memory": "lots"}, "memory", "String should match pattern"),
         ("/v1/envs", {"memory": "100TiB"}, "memory", "must fit one node's memory"),
-        ("/v1/envs", {"image": "ubuntu"}, "image", "Input should be"),
+        ("/v1/envs", {"image": "Not A Reference"}, "image", "must be 'host'"),
         ("/v1/envs", {"pids_max": 1}, "pids_max", "greater than or equal to 8"),
         ("/v1/actions", {"type": "teleport"}, "type", "does not match any of the expected tags"),
         ("/v1/actions", {"type": "exec", "env_id": "e", "command": ""}, "command", "at least 1 character"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from arl_tangram.agent.ports import ApiPort, CpuPort, GpuPort
+from arl_tangram.agent.ports import ApiPort, CpuPort, GpuPort, ImagePort
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
@@ -26,7 +26,9 @@ DEFAULT_SANDBOX_MEMORY_SHARE = 0.5
 class NodeAgent:
     """The managers of one node under the node ids the controller knows them by.
     ``host_mem_bytes``: the node's physical memory; None means this host's (the agent's
-    managers are local), a remote backend sets what the node reported."""
+    managers are local), a remote backend sets what the node reported. ``images``: the
+    node's image store (None: only the host root runs here); ``max_concurrent_pulls`` its
+    bound on pulls at once, which the core keeps to when it orders pulls."""
 
     node_id: str
     cpu: CpuPort | None = None
@@ -34,6 +36,8 @@ class NodeAgent:
     api: ApiPort | None = None
     sandbox_memory_share: float = DEFAULT_SANDBOX_MEMORY_SHARE
     host_mem_bytes: int | None = None
+    images: ImagePort | None = None
+    max_concurrent_pulls: int = 4
 
     @property
     def cpu_node_id(self) -> str:
@@ -50,7 +54,11 @@ class NodeAgent:
         numa_cores = self.cpu.numa_cores()
         host = self.host_mem_bytes if self.host_mem_bytes is not None else local_mem_bytes()
         mem_bytes = int(host * self.sandbox_memory_share)
-        return CpuNodeSpec(self.cpu_node_id, tuple(numa_cores), mem_bytes)
+        return CpuNodeSpec(self.cpu_node_id, tuple(numa_cores), mem_bytes, max_concurrent_pulls=self.max_concurrent_pulls)
+
+    def layer_bytes(self) -> dict[str, int]:
+        """The image layers this node holds (digest -> unpacked bytes); none without a store."""
+        return {} if self.images is None else dict(self.images.layer_bytes())
 
     def gpu_node_spec(self) -> GpuNodeSpec | None:
         """The node's devices (CUDA, or CPU devices with a memory budget) as one GPU node.

@@ -18,7 +18,14 @@ from typing import Any
 from fastapi import FastAPI
 
 from arl_tangram import __version__
-from arl_tangram.api import errors, routes_actions, routes_envs, routes_services, routes_system
+from arl_tangram.api import (
+    errors,
+    routes_actions,
+    routes_envs,
+    routes_images,
+    routes_services,
+    routes_system,
+)
 from arl_tangram.api.auth import document_bearer, tokens_from_config
 from arl_tangram.api.state import (
     DEFAULT_CREATE_TIMEOUT_S,
@@ -79,7 +86,7 @@ def create_app(
     errors.install(app)
     action_schema = routes_actions.ACTION_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
     document_bearer(app, {"ActionCreate": action_schema})
-    for module in (routes_envs, routes_actions, routes_services, routes_system):
+    for module in (routes_envs, routes_actions, routes_images, routes_services, routes_system):
         app.include_router(module.router)
     return app
 

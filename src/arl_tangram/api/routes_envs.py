@@ -25,7 +25,6 @@ from arl_tangram.api.schemas import (
 from arl_tangram.api.state import ApiState, NotFound, Overloaded, new_id
 from arl_tangram.core.action import EnvSpec
 from arl_tangram.core.errors import SpecError
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.config import parse_size_bytes
 
 router = APIRouter(prefix="/v1/envs", tags=["envs"])
@@ -36,11 +35,11 @@ MAX_FILE_BODY_BYTES = 256 << 20
 def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
     s = state.controller.loop.state
     env = s.envs.get(internal)
-    sandbox = state.controller.env_specs.get(internal)
-    mem_bytes = env.spec.mem_bytes if env else (sandbox.mem_bytes if sandbox else 0)
+    spec = env.spec if env else state.controller.env_specs.get(internal)
     return {
         "env_id": state.external(tenant, internal),
-        "mem_bytes": mem_bytes,
+        "image": spec.image if spec else "host",
+        "mem_bytes": spec.mem_bytes if spec else 0,
         "trajectory_id": env.spec.trajectory_id if env else "",
         "ready": bool(env and env.ready),
         "num_running": len(s.env_busy.get(internal, ())),
@@ -49,19 +48,23 @@ def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
 
 @router.post("", response_model=EnvView, status_code=201, responses=ERROR_RESPONSES)
 async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str, Any]:
-    """Create a sandbox: its memory is held for its life, it uses no CPU while idle."""
+    """Create a sandbox: its memory is held for its life, it uses no CPU while idle. On an
+    image (a reference or ``sha256:`` id) its node pulls the layers it lacks first."""
     mem_bytes = parse_size_bytes(body.memory, "memory")
     largest = state.max_env_mem_bytes()
     if mem_bytes > largest:
         raise SpecError("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
-    sandbox = SandboxSpec(mem_bytes, body.pids_max, parse_size_bytes(body.workspace, "workspace"), parse_size_bytes(body.tmp, "tmp"))
     external = body.env_id or new_id("env")
     internal = state.scoped(tenant, external)
     if internal in state.controller.env_specs:
         raise SpecError("env_id", "must be unique among this tenant's live envs", external)
-    spec = EnvSpec(internal, mem_bytes, tenant, body.trajectory_id)
+    spec = EnvSpec(
+        internal, mem_bytes, tenant, body.trajectory_id, image=body.image, pids_max=body.pids_max,
+        workspace_bytes=parse_size_bytes(body.workspace, "workspace"), tmp_bytes=parse_size_bytes(body.tmp, "tmp"),
+        writable_bytes=parse_size_bytes(body.writable, "writable"),
+    )  # fmt: skip
     # A task of its own: a client that goes away does not stop the creation it asked for.
-    task = state.spawn(state.controller.create_env(spec, sandbox))
+    task = state.spawn(state.controller.create_env(spec))
     done, _ = await asyncio.wait((task,), timeout=state.create_timeout_s)
     if not done:
         state.controller.release_env(internal)

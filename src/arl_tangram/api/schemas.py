@@ -30,16 +30,21 @@ class EnvCreate(_Strict):
     """A stateful sandbox: memory held for its life, zero CPU while idle."""
 
     env_id: ExternalId | None = Field(None, description="client-chosen id; a uuid4-based one when absent")
-    image: Literal["host", "python"] = "host"
+    image: str = Field(
+        "host", min_length=1, max_length=512,
+        description="'host' or 'python' (the host's read-only root), an image reference HOST[:PORT]/name[:tag], or an image id sha256:...",
+    )  # fmt: skip
     memory: Size = "1GiB"
     pids_max: int = Field(512, ge=8, le=65536)
     workspace: Size = "512MiB"
     tmp: Size = "256MiB"
+    writable: Size = Field("1GiB", description="cap of an image env's writable layer")
     trajectory_id: str = Field("", max_length=128)
 
 
 class EnvView(BaseModel):
     env_id: str
+    image: str = "host"
     mem_bytes: int
     trajectory_id: str = ""
     ready: bool = False

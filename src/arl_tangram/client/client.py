@@ -14,16 +14,16 @@ action is not retried when its env went with the node. ``result.attempts`` says 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from arl_tangram.client.transport import Transport
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import Amdahl, ElasticityModel, NonElastic, Table
+from arl_tangram.core.env_spec import check_image_reference
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind, ResourceVector
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import (
     ActionResult,
     ApiPayload,
@@ -34,7 +34,6 @@ from arl_tangram.runtime.actions import (
 from arl_tangram.runtime.config import ServiceConfig, parse_size_bytes
 
 ONE_CORE = ResourceVector(cpu_millicores=1000)
-IMAGES = ("host", "python")  # the host's read-only root; built images are a later issue
 
 
 @dataclass(frozen=True)
@@ -97,16 +96,31 @@ class AsyncClient:
 
     async def create_env(
         self, *, image: str = "host", memory: str | int = "1GiB", pids_max: int = 512,
-        workspace: str | int = "512MiB", tmp: str | int = "256MiB", trajectory_id: str = "", env_id: str | None = None,
+        workspace: str | int = "512MiB", tmp: str | int = "256MiB", writable: str | int = "1GiB", trajectory_id: str = "",
+        env_id: str | None = None,
     ) -> Env:  # fmt: skip
-        """A stateful sandbox at zero CPU while idle; its memory is held for its life."""
-        if image not in IMAGES:
-            raise SpecError("image", f"must be one of {', '.join(IMAGES)} (the host's read-only root)", image)
-        mem_bytes = parse_size_bytes(memory, "memory")
-        sandbox = SandboxSpec(mem_bytes, pids_max, parse_size_bytes(workspace, "workspace"), parse_size_bytes(tmp, "tmp"))
-        spec = EnvSpec(env_id or _new_id("env"), mem_bytes, self.tenant, trajectory_id)
-        await self.transport.create_env(spec, sandbox)
+        """A stateful sandbox at zero CPU while idle; its memory is held for its life.
+
+        ``image``: ``host`` (or ``python``), the host's read-only root; or an OCI image, as a
+        registry reference (``127.0.0.1:5000/swe/task:1``) or an id (``sha256:...``), pulled
+        onto the env's node first if that node lacks its layers. ``writable`` caps the
+        image env's own writable layer. Raises ``SpecError`` naming a bad field, and
+        ``EnvFailedError`` with the cause (a failed pull names the layer and the
+        registry's answer)."""
+        spec = EnvSpec(
+            env_id or _new_id("env"), parse_size_bytes(memory, "memory"), self.tenant, trajectory_id, image=image,
+            pids_max=pids_max, workspace_bytes=parse_size_bytes(workspace, "workspace"), tmp_bytes=parse_size_bytes(tmp, "tmp"),
+            writable_bytes=parse_size_bytes(writable, "writable"),
+        )  # fmt: skip
+        await self.transport.create_env(spec)
         return Env(self, spec.env_id, trajectory_id)
+
+    async def prefetch(self, images: Sequence[str] | str, *, nodes: Sequence[str] = ()) -> None:
+        """Pull ``images`` onto ``nodes`` (node ids, e.g. ``local/cpu``; every node when
+        empty) ahead of the envs that will need them: warm the next batch's images while
+        this one runs. Returns once the pulls are ordered (one per node lacking layers)."""
+        for image in [images] if isinstance(images, str) else list(images):
+            await self.transport.prefetch(check_image_reference(image), nodes)
 
     async def call(
         self, name: str, request: Any, *, timeout_s: float | None = None, tokens: int | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -28,7 +28,6 @@ from arl_tangram.client.transport import Transport
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Amdahl, Learned, Table
 from arl_tangram.core.errors import SpecError
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import (
     ActionResult,
     ApiPayload,
@@ -138,10 +137,11 @@ class HttpTransport(Transport):
             await self.http.post(f"/v1/actions/{action_id}/cancel")
 
     # -- envs, files, sessions ------------------------------------------------------------
-    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
+    async def create_env(self, spec: EnvSpec) -> None:
         body = {
-            "env_id": spec.env_id, "memory": sandbox.mem_bytes, "pids_max": sandbox.pids_max,
-            "workspace": sandbox.workspace_bytes, "tmp": sandbox.tmp_bytes, "trajectory_id": spec.trajectory_id,
+            "env_id": spec.env_id, "image": spec.image, "memory": spec.mem_bytes, "pids_max": spec.pids_max,
+            "workspace": spec.workspace_bytes, "tmp": spec.tmp_bytes, "writable": spec.writable_bytes,
+            "trajectory_id": spec.trajectory_id,
         }  # fmt: skip
         try:
             await self._call("POST", "/v1/envs", json=body)
@@ -150,6 +150,9 @@ class HttpTransport(Transport):
                 raise EnvFailedError(exc.body.get("error", "the sandbox failed to start")) from None
             raise
         self.envs.add(spec.env_id)
+
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        await self._call("POST", "/v1/images", json={"reference": image, "nodes": list(nodes)})
 
     async def release_env(self, env_id: str) -> None:
         self.envs.discard(env_id)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
 from arl_tangram.core.errors import SpecError
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import ActionResult, Payload, read_result
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig
 from arl_tangram.runtime.embedded import EmbeddedRuntime
@@ -29,7 +28,11 @@ class Transport(abc.ABC):
         cancels the action (a queued one ends ``cancelled``, a running one is stopped)."""
 
     @abc.abstractmethod
-    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None: ...
+    async def create_env(self, spec: EnvSpec) -> None: ...
+
+    @abc.abstractmethod
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        """Order ``image`` pulled onto ``nodes`` (all when empty); returns once ordered."""
 
     @abc.abstractmethod
     async def release_env(self, env_id: str) -> None: ...
@@ -84,8 +87,11 @@ class InProcessTransport(Transport):
             if record.done.done():
                 self.controller.ack(spec.action_id)
 
-    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
-        await self.controller.create_env(spec, sandbox)
+    async def create_env(self, spec: EnvSpec) -> None:
+        await self.controller.create_env(spec)
+
+    async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
+        self.controller.prefetch(image, tuple(nodes))
 
     async def release_env(self, env_id: str) -> None:
         self.controller.release_env(env_id)

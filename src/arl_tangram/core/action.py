@@ -1,4 +1,5 @@
-"""Core: the unified action formulation (ActionSpec) and the specs of envs and services.
+"""Core: the unified action formulation (ActionSpec) and the spec of services (``EnvSpec``,
+what an env is, lives in ``core.env_spec`` and is re-exported here).
 
 An action is one atomic external operation. Its demand is ``demand_fixed + m *
 demand_per_unit`` where ``m`` (its DoP) lies in ``[dop_min, dop_max]`` and counts units of
@@ -14,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
+from arl_tangram.core.env_spec import EnvSpec
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import FIELD_OF_KIND, ZERO, ResourceKind, ResourceVector
 
 BindingKind = Literal["env", "service", "api", "none"]
 GPU_CHUNK_SIZES = (1, 2, 4, 8)
+__all__ = ["ActionSpec", "Binding", "EnvSpec", "ServiceSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,22 +125,6 @@ class ActionSpec:
 
     def duration_s(self, t_ori_s: float, dop: int) -> float:
         return self.elasticity.duration_s(t_ori_s, dop)
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """A stateful sandbox that lives for a trajectory. Memory is held for its life; CPU is not."""
-
-    env_id: str
-    mem_bytes: int
-    tenant: str = "default"
-    trajectory_id: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.env_id:
-            raise SpecError("env_id", "must be non-empty", self.env_id)
-        if not isinstance(self.mem_bytes, int) or self.mem_bytes < 0:
-            raise SpecError("mem_bytes", "must be an integer >= 0", self.mem_bytes)
 
 
 @dataclass(frozen=True)

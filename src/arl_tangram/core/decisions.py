@@ -125,4 +125,20 @@ class RetryAction:
     stimulus_id: str = ""
 
 
-Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction
+@dataclass(frozen=True)
+class PullImage:
+    """Pull ``image`` into ``node_id``'s image store (fetch and unpack the layers it lacks).
+    ``layers`` lists the digests this pull brings that no other pull on the node does
+    (empty when the image's layers were unknown). The executor answers ``ImagePulled``
+    (with every layer of the image) or ``ImagePullFailed``."""
+
+    pull_id: str
+    node_id: str
+    image: str
+    layers: tuple[str, ...]
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction | PullImage

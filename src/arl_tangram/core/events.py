@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
+from arl_tangram.core.env_spec import LayerNeed
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
 
 Outcome = str  # succeeded | failed | timed_out | oom_killed | cancelled | rejected | error
@@ -130,9 +131,60 @@ class NodeLost:
     stimulus_id: str = ""
 
 
+@dataclass(frozen=True)
+class NodeLayersChanged:
+    """The image layers ``node_id`` holds now (all of them: they replace what the core
+    knew), reported when it joins and after its store collected layers."""
+
+    node_id: str
+    layers: tuple[LayerNeed, ...]
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ImagePulled:
+    """A ``PullImage`` landed: ``layers`` are every layer of ``image`` (lowest first), now
+    on the node; ``fetched_bytes`` were fetched and unpacked in ``exec_s`` (the node's
+    measured bandwidth)."""
+
+    pull_id: str
+    node_id: str
+    image: str
+    layers: tuple[LayerNeed, ...]
+    exec_s: float | None = None
+    fetched_bytes: int = 0
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ImagePullFailed:
+    """A ``PullImage`` failed; ``cause`` names the layer (``layer``, when one was at fault)
+    and the registry's answer. The envs that needed it end ``error`` with that cause."""
+
+    pull_id: str
+    node_id: str
+    image: str
+    cause: str
+    layer: str = ""
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class PrefetchRequested:
+    """A client asks for ``image`` to be pulled onto ``node_ids`` (every CPU node when
+    empty) ahead of the envs that will need it. ``layers``, when known, let the core skip
+    nodes that hold them already."""
+
+    image: str
+    node_ids: tuple[str, ...] = ()
+    layers: tuple[LayerNeed, ...] = ()
+    stimulus_id: str = ""
+
+
 Event = (
     ActionSubmitted | ActionFinished | ActionCancelled | EnvRequested | EnvReady | EnvFailed
     | EnvReleased | ServiceReady | ReplicaFailed | ServiceRegistered | NodeJoined | NodeLost
+    | NodeLayersChanged | ImagePulled | ImagePullFailed | PrefetchRequested
 )  # fmt: skip
 
 
@@ -147,7 +199,9 @@ def describe(event: Event) -> str:
         return f"{name}({event.node.node_id})"
     if isinstance(event, ServiceRegistered):
         return f"{name}({event.service.name})"
-    for attr in ("action_id", "env_id", "replica_id", "node_id"):
+    if isinstance(event, PrefetchRequested):
+        return f"{name}({event.image})"
+    for attr in ("action_id", "env_id", "pull_id", "replica_id", "node_id"):
         if hasattr(event, attr):
             return f"{name}({getattr(event, attr)})"
     return name

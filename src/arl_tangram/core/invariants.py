@@ -114,6 +114,28 @@ def _check_tenant_counts(state: ClusterState) -> None:
             _fail(f"tenant use {key} kept although it holds and queues nothing")
 
 
+def _check_pulls(state: ClusterState) -> None:
+    """Pulls run within each node's bound; every waiting env is assigned, not yet ready,
+    and waits only on pulls that exist on its own node."""
+    running: dict[str, int] = defaultdict(int)
+    for p in state.pulls.values():
+        if p.expected_end_s is not None:
+            running[p.node_id] += 1
+    for node in state.spec.cpu_nodes:
+        if running[node.node_id] > node.max_concurrent_pulls:
+            _fail(f"node {node.node_id}: {running[node.node_id]} pulls run, more than its {node.max_concurrent_pulls}")
+    for env_id, waits in state.env_pulls.items():
+        env = state.envs.get(env_id)
+        if env is None or env.node_id is None or env.ready:
+            _fail(f"env {env_id}: waits on pulls but is not an assigned env still starting")
+        elif not waits:
+            _fail(f"env {env_id}: empty pull wait entry")
+        for pull_id in waits:
+            pull = state.pulls.get(pull_id)
+            if pull is None or env is None or pull.node_id != env.node_id:
+                _fail(f"env {env_id}: waits on pull {pull_id}, which is not a pull on its node")
+
+
 def validate(state: ClusterState) -> None:
     """Raise ``InvariantError`` if any capacity or bookkeeping invariant is broken."""
     _check_cpu(state)
@@ -122,3 +144,4 @@ def validate(state: ClusterState) -> None:
     _check_actions(state)
     _check_env_busy(state)
     _check_tenant_counts(state)
+    _check_pulls(state)

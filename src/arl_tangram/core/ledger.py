@@ -164,13 +164,27 @@ def request_env(ed: StateEditor, spec: EnvSpec) -> None:
     ed.w("env_queue")[spec.env_id] = seq
 
 
-def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, reason: str, cause: str) -> PlaceEnv:
-    """Place a pending env; ``held`` (its memory, plus fixed cores for pod-style policies) is taken now."""
+def assign_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector) -> None:
+    """Give a pending env its node; ``held`` (its memory, plus fixed cores for pod-style
+    policies) is taken now. Its sandbox is ordered by ``place_env_order`` (at once, or
+    once its image's layers are on the node)."""
     env = ed.envs[env_id]
     numa = ed.take_cpu(node_id, held) if not held.is_zero() else ()
     ed.w("envs")[env_id] = replace(env, node_id=node_id, held=held, held_numa=numa)
     del ed.w("env_queue")[env_id]
-    return PlaceEnv(env_id, node_id, held, reason, cause, numa)
+
+
+def place_env_order(ed: StateEditor, env_id: str, reason: str, cause: str) -> PlaceEnv:
+    """The order creating an assigned env's sandbox on its node."""
+    env = ed.envs[env_id]
+    assert env.node_id is not None
+    return PlaceEnv(env_id, env.node_id, env.held, reason, cause, env.held_numa)
+
+
+def place_env(ed: StateEditor, env_id: str, node_id: str, held: ResourceVector, reason: str, cause: str) -> PlaceEnv:
+    """Place a pending env and order its sandbox at once (``assign_env`` + ``place_env_order``)."""
+    assign_env(ed, env_id, node_id, held)
+    return place_env_order(ed, env_id, reason, cause)
 
 
 def release_env(ed: StateEditor, env_id: str, reason: str, cause: str) -> ReleaseEnv | None:
@@ -183,6 +197,8 @@ def release_env(ed: StateEditor, env_id: str, reason: str, cause: str) -> Releas
     del ed.w("envs")[env_id]
     if env_id in ed.env_queue:
         del ed.w("env_queue")[env_id]
+    if env_id in ed.env_pulls:  # its pulls go on: their layers serve later envs
+        del ed.w("env_pulls")[env_id]
     if env.node_id is not None and not env.held.is_zero():
         ed.give_cpu(env.node_id, env.held, env.held_numa)
     return ReleaseEnv(env_id, env.node_id, reason, cause)
@@ -226,12 +242,14 @@ def drop_replica(ed: StateEditor, replica_id: str) -> Replica | None:
 
 
 __all__ = [
+    "assign_env",
     "drop_replica",
     "estimated_t_ori",
     "evict_replica",
     "finish_action",
     "load_replica",
     "place_env",
+    "place_env_order",
     "reject",
     "release_env",
     "request_env",

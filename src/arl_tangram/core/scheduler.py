@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from arl_tangram.core import env_flow, ledger
+from arl_tangram.core import env_flow, images, ledger
 from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
@@ -30,8 +30,12 @@ from arl_tangram.core.events import (
     EnvReleased,
     EnvRequested,
     Event,
+    ImagePulled,
+    ImagePullFailed,
     NodeJoined,
+    NodeLayersChanged,
     NodeLost,
+    PrefetchRequested,
     ReplicaFailed,
     ServiceReady,
     ServiceRegistered,
@@ -113,7 +117,7 @@ class Scheduler:
                 ledger.request_env(ed, event.spec)
         elif isinstance(event, EnvReady):
             env = ed.envs.get(event.env_id)
-            if env is not None:
+            if env is not None and event.env_id not in ed.env_pulls:  # no sandbox before its layers
                 ed.w("envs")[event.env_id] = replace(env, ready=True)
                 ed.touch(env.node_id)
         elif isinstance(event, EnvReleased):
@@ -136,6 +140,25 @@ class Scheduler:
             self._join_node(ed, event)
         elif isinstance(event, NodeLost):
             return self._lose_node(ed, event.node_id, cause)
+        else:
+            return self._apply_image(ed, event, cause)
+        return []
+
+    def _apply_image(self, ed: StateEditor, event: Event, cause: str) -> list[Decision]:
+        """Image locality and pulls (``core.images``); a failed pull ends its envs here."""
+        if isinstance(event, NodeLayersChanged):
+            images.on_layers_changed(ed, event)
+            ed.touch(event.node_id)
+        elif isinstance(event, ImagePulled):
+            ed.touch(event.node_id)
+            return images.on_pulled(ed, event, cause)
+        elif isinstance(event, ImagePullFailed):
+            doomed, decisions = images.on_pull_failed(ed, event, cause)
+            for env_id in doomed:
+                decisions += self._end_env(ed, env_id, f"image_pull_failed: {event.cause}", "error", cause)
+            return decisions
+        elif isinstance(event, PrefetchRequested):
+            return images.prefetch(ed, event, cause)
         return []
 
     def _submit(self, ed: StateEditor, event: ActionSubmitted, cause: str) -> list[Decision]:
@@ -217,9 +240,12 @@ class Scheduler:
             run = ed.running[aid]
             tries = f" (attempt {run.attempt} of {MAX_ATTEMPTS})" if run.spec.retryable else ""
             decisions += self._end_running(ed, [aid], why + tries, cause)
+        pulling = set(images.drop_node(ed, node_id))
         for env_id in sorted(e for e, env in ed.envs.items() if env.node_id == node_id):
             decisions.extend(self._reject_bound(ed, "env", env_id, why, "error", cause))
-            ledger.release_env(ed, env_id, why, cause)  # nothing left to destroy there
+            order = ledger.release_env(ed, env_id, why, cause)  # nothing left to destroy there
+            if order is not None and env_id in pulling:  # no sandbox, no pull to answer it: the core does
+                decisions.append(replace(order, node_id=None))
         for rid in sorted(r for r, rep in ed.replicas.items() if rep.node_id == node_id):
             del ed.w("replicas")[rid]
         ed.w("cpu").pop(node_id, None)

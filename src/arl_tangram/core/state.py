@@ -15,6 +15,7 @@ from typing import Any
 
 from arl_tangram.core.action import ActionSpec, EnvSpec
 from arl_tangram.core.chunks import chunk_mask
+from arl_tangram.core.env_spec import LayerNeed
 from arl_tangram.core.resources import MILLICORES_PER_CORE, ZERO, ResourceVector
 from arl_tangram.core.topology import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 
@@ -67,6 +68,23 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class PullState:
+    """A pull of ``image`` onto ``node_id`` (``core.images``): queued while
+    ``expected_end_s`` is None, running after its ``PullImage``. ``layers``: the missing
+    layers it claims (no other pull on the node brings them; empty when the image's layers
+    were unknown when it was asked for)."""
+
+    pull_id: str
+    node_id: str
+    image: str
+    layers: tuple[LayerNeed, ...]
+    seq: int
+    requested_s: float
+    expected_end_s: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TenantUse:
     """A tenant's use of one lane: ``held_units`` now, and ``avg_units``, the moving average
     of what it held, as of ``since_s`` (it decays towards ``held_units`` after that)."""
@@ -94,6 +112,7 @@ _TABLES = (
     "cpu", "gpu", "quota", "envs", "env_queue", "env_busy", "replicas",
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
     "tenant_queued", "tenant_held", "env_flow",
+    "node_layers", "image_layers", "pulls", "env_pulls", "pull_rate",
 )
 
 
@@ -130,6 +149,15 @@ class ClusterState:
     tenant_held: Mapping[tuple[str, str], TenantUse] = field(default_factory=dict)
     # What env submissions taught about the pool's arrivals (core/env_flow.py): decayed sums.
     env_flow: Mapping[str, float] = field(default_factory=dict)
+    # Image locality (core/images.py): the layers each node holds (digest -> unpacked bytes),
+    # the layers of each image reference seen, pulls queued or running, the pulls each
+    # assigned env waits on before its sandbox can start, and each node's measured
+    # pull+unpack bandwidth (bytes/s).
+    node_layers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    image_layers: Mapping[str, tuple[LayerNeed, ...]] = field(default_factory=dict)
+    pulls: Mapping[str, PullState] = field(default_factory=dict)
+    env_pulls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    pull_rate: Mapping[str, float] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -170,6 +198,11 @@ class StateEditor:
     tenant_queued: Mapping[tuple[str, str], int]
     tenant_held: Mapping[tuple[str, str], TenantUse]
     env_flow: Mapping[str, float]
+    node_layers: Mapping[str, Mapping[str, int]]
+    image_layers: Mapping[str, tuple[LayerNeed, ...]]
+    pulls: Mapping[str, PullState]
+    env_pulls: Mapping[str, tuple[str, ...]]
+    pull_rate: Mapping[str, float]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec

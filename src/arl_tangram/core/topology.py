@@ -18,17 +18,25 @@ GPU_NODE_DEVICES = 8
 
 @dataclass(frozen=True)
 class CpuNodeSpec:
-    """A CPU node: ``numa_cores[d]`` cores in NUMA domain d; memory in bytes."""
+    """A CPU node: ``numa_cores[d]`` cores in NUMA domain d; memory in bytes.
+    ``max_concurrent_pulls``: image pulls the node runs at once (more wait in the core);
+    ``pull_bytes_per_s``: the prior for its pull+unpack bandwidth, until pulls measure it."""
 
     node_id: str
     numa_cores: tuple[int, ...]
     mem_bytes: int
+    max_concurrent_pulls: int = 4
+    pull_bytes_per_s: float = 100e6
 
     def __post_init__(self) -> None:
         if not self.numa_cores or any(c <= 0 for c in self.numa_cores):
             raise SpecError(f"cpu_nodes[{self.node_id}].numa_cores", "must be positive core counts", self.numa_cores)
         if self.mem_bytes <= 0:
             raise SpecError(f"cpu_nodes[{self.node_id}].mem_bytes", "must be > 0", self.mem_bytes)
+        if not isinstance(self.max_concurrent_pulls, int) or self.max_concurrent_pulls < 1:
+            raise SpecError(f"cpu_nodes[{self.node_id}].max_concurrent_pulls", "must be an integer >= 1", self.max_concurrent_pulls)
+        if not math.isfinite(self.pull_bytes_per_s) or self.pull_bytes_per_s <= 0:
+            raise SpecError(f"cpu_nodes[{self.node_id}].pull_bytes_per_s", "must be finite and > 0", self.pull_bytes_per_s)
 
     @property
     def millicores(self) -> int:

@@ -46,6 +46,12 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     max_queued_actions = 10000        # unfinished actions of all tenants; beyond it: overloaded (429/503)
     request_id_ttl_s = 86400          # with a journal: how long a request id stays idempotent
 
+    [images]                          # the node's image store (runtime/config_images.py); omit: host root only
+    store_path = "/var/lib/arl-tangram/images"
+    max_store_bytes = "200GiB"
+    max_concurrent_pulls = 4
+    registries = [{ host = "127.0.0.1:5000", insecure = true }]   # username, password_env for basic auth
+
     [tenants.team-a]
     token_env = "TEAM_A_TOKEN"        # or token = "..."; unique across tenants; omit: reachable without a token only
     weight = 2.0                      # its weighted fair share of a contended pool (> 0)
@@ -69,6 +75,7 @@ from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.topology import QuotaPoolSpec
 from arl_tangram.managers.api.config import ProviderConfig
+from arl_tangram.runtime.config_images import ImagesConfig, read_images
 from arl_tangram.runtime.config_reader import (
     NAME,
     ConfigError,
@@ -147,6 +154,7 @@ class TangramConfig:
     services: tuple[ServiceConfig, ...] = ()
     service: ServiceSettings = field(default_factory=ServiceSettings)
     tenants: Mapping[str, TenantConfig] = field(default_factory=lambda: MappingProxyType({}))
+    images: ImagesConfig | None = None  # None: no image store, only the host root runs
     source: str | None = None  # the file it came from; None: embedded defaults
 
 
@@ -178,6 +186,7 @@ def parse_config(
         services=_unique(tuple(_service(t) for t in root.tables("services")), "services"),
         service=read_service_settings(root.table("service")),
         tenants=read_tenants(root.table("tenants"), os.environ if environ is None else environ),
+        images=read_images(root.table("images")),
         source=source,
     )
     root.done()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
+from arl_tangram.core.env_spec import check_image_reference
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
     ActionCancelled,
@@ -31,12 +32,12 @@ from arl_tangram.core.events import (
     EnvRequested,
     Event,
     NodeJoined,
+    PrefetchRequested,
     ServiceRegistered,
 )
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime import recovery
 from arl_tangram.runtime.actions import (
     ActionRecord,
@@ -49,6 +50,7 @@ from arl_tangram.runtime.codec import payload_to_dict, result_to_dict, spec_to_d
 from arl_tangram.runtime.config import ConfigError, ServiceSettings, TenantConfig
 from arl_tangram.runtime.dispatcher import LiveExecutor
 from arl_tangram.runtime.housekeeping import Housekeeper
+from arl_tangram.runtime.images import layers_of_node, resolve_env_image
 from arl_tangram.runtime.journal import Journal, JournalRow
 from arl_tangram.runtime.leases import EnvLeases, ExpiredEnv
 from arl_tangram.runtime.loop import Clock, ControllerLoop, Round
@@ -104,7 +106,7 @@ class Controller:
             scheduler, ClusterState.initial(cluster or ClusterSpec()), self.clock, check=check,
             log=self.log.append if keep_log else None, on_wake=lambda _t: self._kick(),
         )  # fmt: skip
-        self.env_specs: dict[str, SandboxSpec] = {}
+        self.env_specs: dict[str, EnvSpec] = {}  # live envs (created or being created)
         self.learned: dict[str, Learned] = {}
         self.executor: LiveExecutor | None = None
         self._wakeup: asyncio.Event | None = None
@@ -175,6 +177,9 @@ class Controller:
         for node in (agent.cpu_node_spec(), agent.gpu_node_spec()):
             if node is not None and node.node_id not in known:
                 self.post(NodeJoined(node))
+                layers = layers_of_node(agent) if node.node_id == agent.cpu_node_id else None
+                if layers is not None:
+                    self.post(layers)
 
     @property
     def closed(self) -> bool:
@@ -298,16 +303,19 @@ class Controller:
         if record is not None and record.result is None:
             self.post(ActionCancelled(action_id))
 
-    async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
-        """Request an env and wait until its sandbox is ready; ``EnvFailedError`` names why not."""
+    async def create_env(self, spec: EnvSpec) -> None:
+        """Request an env and wait until its sandbox is ready; ``EnvFailedError`` names why not.
+        An image env carries its image's layers when a node's store knows them (placement
+        prefers nodes holding them); ``SpecError`` on ``image`` if no node can run images."""
         self._check_open()
+        spec = await resolve_env_image(self.node_agents, spec)
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:
             raise SpecError("env_id", "must be unique among live envs", spec.env_id)
         self.admission.check_env(spec.tenant, spec.mem_bytes, self.leases)
         assert self.executor is not None
         waiter: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.executor.env_waiters[spec.env_id] = waiter
-        self.env_specs[spec.env_id] = sandbox
+        self.env_specs[spec.env_id] = spec
         self.leases.add(spec.env_id, spec.tenant, spec.mem_bytes, self.clock.now())
         self.post(EnvRequested(spec))
         failure = await asyncio.shield(waiter)
@@ -315,6 +323,12 @@ class Controller:
             self.env_specs.pop(spec.env_id, None)
             self.leases.drop(spec.env_id)
             raise EnvFailedError(f"env {spec.env_id}: {failure}")
+
+    def prefetch(self, image: str, node_ids: Sequence[str] = ()) -> None:
+        """Pull ``image`` onto ``node_ids`` (the core's CPU node ids; every node when empty)
+        ahead of the envs that will need it: one pull per node lacking its layers."""
+        self._check_open()
+        self.post(PrefetchRequested(check_image_reference(image), tuple(node_ids)))
 
     def release_env(self, env_id: str) -> None:
         """Give an env back: its queued actions end ``cancelled``, its sandbox is destroyed."""

@@ -22,17 +22,20 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from arl_tangram.agent.envs import create_env_sandbox, destroy_env_sandbox
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.decisions import (
     CancelAction,
     EvictService,
     LoadService,
     PlaceEnv,
+    PullImage,
     RejectAction,
     ReleaseEnv,
     RetryAction,
     StartAction,
 )
+from arl_tangram.core.env_spec import EnvSpec
 from arl_tangram.core.events import (
     ActionFinished,
     EnvFailed,
@@ -43,7 +46,6 @@ from arl_tangram.core.events import (
     ReplicaFailed,
     ServiceReady,
 )
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import (
     ActionRecord,
     ActionResult,
@@ -53,6 +55,7 @@ from arl_tangram.runtime.actions import (
     NoopPayload,
     ServicePayload,
 )
+from arl_tangram.runtime.images import run_pull
 from arl_tangram.runtime.loop import Executor
 from arl_tangram.runtime.runs import run_api, run_exec, run_service
 
@@ -63,7 +66,7 @@ DEFAULT_WORKER_THREADS = 64  # blocking manager calls in flight at once (most wa
 
 class LiveExecutor(Executor):
     """Decisions -> manager calls. ``agents`` maps the core's node ids to their agent;
-    ``post`` is the loop's sink; ``env_specs`` gives the sandbox limits of an env id;
+    ``post`` is the loop's sink; ``env_specs`` gives the spec of a live env id;
     ``before_run`` (the journal's durable start) is awaited before an action's work begins."""
 
     def __init__(
@@ -71,7 +74,7 @@ class LiveExecutor(Executor):
         agents: Mapping[str, NodeAgent],
         store: ActionStore,
         post: Callable[[Event], object],
-        env_specs: Callable[[str], SandboxSpec | None],
+        env_specs: Callable[[str], EnvSpec | None],
         *,
         worker_threads: int = DEFAULT_WORKER_THREADS,
         before_run: Callable[[ActionRecord], Awaitable[None]] | None = None,
@@ -126,9 +129,10 @@ class LiveExecutor(Executor):
         agent = self._agent(d.node_id)
         cpu = agent.cpu
         try:
-            if cpu is None:
-                raise RuntimeError(f"node {d.node_id} has no CPU manager")
-            await self.blocking(cpu.create_sandbox, self.env_specs(d.env_id), sandbox_id=d.env_id)
+            spec = self.env_specs(d.env_id)
+            if spec is None or cpu is None:
+                raise RuntimeError(f"env {d.env_id} was released" if spec is None else f"node {d.node_id} has no CPU manager")
+            await self.blocking(create_env_sandbox, agent, spec, d.env_id)
             if d.held.cpu_millicores:
                 # A pod-style holding is a real cgroup limit for the env's life.
                 await self.blocking(cpu.hold, d.env_id, d.held.cpu_millicores, d.numa_millicores or None)
@@ -151,13 +155,14 @@ class LiveExecutor(Executor):
             self._spawn(self._destroy_env(d), f"release-env:{d.env_id}")
 
     async def _destroy_env(self, d: ReleaseEnv) -> None:
-        cpu = self._agent(d.node_id or "").cpu
         try:
-            if cpu is None or d.env_id not in await self.blocking(cpu.list_sandboxes):
-                return  # never created, or already gone with a failure
-            await self.blocking(cpu.destroy_sandbox, d.env_id)
+            # never created, or already gone with a failure: left alone
+            await self.blocking(destroy_env_sandbox, self._agent(d.node_id or ""), d.env_id)
         except Exception:  # a lost node, a manager closing: logged, the release stands
             log.exception("destroying env %s failed", d.env_id)
+
+    def pull_image(self, d: PullImage) -> None:
+        self._spawn(run_pull(self.blocking, self._agent(d.node_id), d, self.post), f"pull:{d.pull_id}")
 
     # -- replicas -----------------------------------------------------------------------
     def load_service(self, d: LoadService) -> None:

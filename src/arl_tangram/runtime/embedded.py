@@ -26,6 +26,7 @@ from arl_tangram.managers.api.manager import ApiManager
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig, quota_pools
+from arl_tangram.runtime.config_images import make_image_store
 from arl_tangram.runtime.controller import Controller
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,13 @@ class EmbeddedRuntime:
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None
         agent = NodeAgent(LOCAL_NODE, cpu=cpu, api=api)
+        if config.images is not None:
+            try:
+                agent.images = await asyncio.to_thread(make_image_store, config.images)
+            except BaseException:
+                await asyncio.to_thread(cpu.close)
+                raise
+            agent.max_concurrent_pulls = config.images.max_concurrent_pulls
         controller = Controller(
             Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster_spec(config),
             settings=config.service, tenants=config.tenants,

@@ -28,6 +28,7 @@ from arl_tangram.core.decisions import (
     EvictService,
     LoadService,
     PlaceEnv,
+    PullImage,
     RejectAction,
     ReleaseEnv,
     RetryAction,
@@ -63,7 +64,8 @@ class Executor(abc.ABC):
     Contract: every ``StartAction`` is answered by exactly one ``ActionFinished`` (repeating
     its ``attempt``) unless a later ``RejectAction`` or ``RetryAction`` for it (a lost node)
     ended that attempt; every ``PlaceEnv`` by ``EnvReady`` or ``EnvFailed``; every
-    ``LoadService`` by ``ServiceReady`` or ``ReplicaFailed``.
+    ``LoadService`` by ``ServiceReady`` or ``ReplicaFailed``; every ``PullImage`` by
+    ``ImagePulled`` or ``ImagePullFailed``.
     """
 
     def apply(self, decisions: Sequence[Decision]) -> None:
@@ -96,6 +98,11 @@ class Executor(abc.ABC):
         any other raising here is a bug worth seeing, not an order to ignore."""
         raise NotImplementedError(f"{type(self).__name__} cannot retry {d.action_id}: it loses no nodes")
 
+    def pull_image(self, d: PullImage) -> None:
+        """Only an executor with image stores sees this (the live one overrides it); the
+        core orders pulls only for envs on images, which no other executor is given."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pull {d.image}: it has no image store")
+
     _handlers: dict[type, Callable[[Executor, Decision], None]] = {
         StartAction: lambda ex, d: ex.start_action(d),  # type: ignore[arg-type]
         PlaceEnv: lambda ex, d: ex.place_env(d),  # type: ignore[arg-type]
@@ -105,6 +112,7 @@ class Executor(abc.ABC):
         RejectAction: lambda ex, d: ex.reject_action(d),  # type: ignore[arg-type]
         CancelAction: lambda ex, d: ex.cancel_action(d),  # type: ignore[arg-type]
         RetryAction: lambda ex, d: ex.retry_action(d),  # type: ignore[arg-type]
+        PullImage: lambda ex, d: ex.pull_image(d),  # type: ignore[arg-type]
     }
 
 

@@ -25,7 +25,6 @@ from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
 RESET_COMMAND = "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; exit 0"
@@ -157,10 +156,9 @@ class CodeEnvPool:
         return free >= mem_bytes
 
     async def _create(self, env_id: str, tenant: str, mem_bytes: int) -> str:
-        spec = EnvSpec(env_id, mem_bytes, tenant, "")
-        sandbox = SandboxSpec(mem_bytes, 512, max(512 << 20, mem_bytes // 2), 256 << 20)
+        spec = EnvSpec(env_id, mem_bytes, tenant, "", workspace_bytes=max(512 << 20, mem_bytes // 2))
         # Its own task: a caller that goes away does not abandon a half-created env.
-        task = self.state.spawn(self.state.controller.create_env(spec, sandbox))
+        task = self.state.spawn(self.state.controller.create_env(spec))
         wait_s = min(self.state.create_timeout_s, self.acquire_timeout_s)
         done, _ = await asyncio.wait((task,), timeout=wait_s)
         if not done:

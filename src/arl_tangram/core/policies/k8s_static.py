@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from arl_tangram.core import ledger
+from arl_tangram.core import images, ledger
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.policies import cpu_round, placement, quota, services
 from arl_tangram.core.policies.base import Policy
@@ -80,7 +80,7 @@ class TaskPoolPolicy(Policy):
                 continue
             node = max(fits, key=lambda n: (ed.cpu[n].free_mem_bytes, n))
             held = ResourceVector(mem_bytes=env.spec.mem_bytes)
-            decisions.append(ledger.place_env(ed, env_id, node, held, f"task pool of {env.spec.tenant}", cause))
+            decisions += images.assign_env(ed, env_id, node, held, f"task pool of {env.spec.tenant}", cause)
         return decisions
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:

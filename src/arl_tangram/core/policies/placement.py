@@ -1,11 +1,19 @@
-"""Core: placing pending envs on CPU nodes (shared by the action-level policies)."""
+"""Core: placing pending envs on CPU nodes (shared by the action-level policies).
+
+Image locality: an env on an image goes to a node where its layers are soonest ready
+(``images.ready_in_s``: zero where they are, the rest of an in-flight pull, else missing
+bytes over the node's bandwidth); nodes within ``PULL_SLACK_S`` of the best count as equal
+and are spread over as host-root envs are, so a small pull does not pile envs on one node.
+"""
 
 from __future__ import annotations
 
-from arl_tangram.core import ledger
+from arl_tangram.core import images
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.resources import ResourceVector
 from arl_tangram.core.state import StateEditor
+
+PULL_SLACK_S = 0.5  # a pull this much longer than the best node's is worth the spread
 
 
 def pending_envs(ed: StateEditor) -> list[str]:
@@ -24,14 +32,25 @@ def place_spread(ed: StateEditor, cause: str, cores_held: int = 0) -> list[Decis
     for env_id in pending_envs(ed):
         env = ed.envs[env_id]
         held = ResourceVector(cpu_millicores=cores_held, mem_bytes=env.spec.mem_bytes)
-        best = None
-        for node_id in sorted(ed.cpu):
-            free = ed.cpu[node_id]
-            if free.free_mem_bytes >= held.mem_bytes and free.free_millicores >= cores_held:
-                key = (free.free_millicores if cores_held else 0, free.free_mem_bytes)
-                if best is None or key > best[0]:
-                    best = (key, node_id)
-        if best is None:
+        fits = [
+            n for n in sorted(ed.cpu) if ed.cpu[n].free_mem_bytes >= held.mem_bytes and ed.cpu[n].free_millicores >= cores_held
+        ]  # fmt: skip
+        if not fits:
             break  # FCFS: later envs wait behind the first that does not fit
-        decisions.append(ledger.place_env(ed, env_id, best[1], held, "spread: most free capacity", cause))
+        reason = "spread: most free capacity"
+        if env.spec.on_image:
+            wait = {n: images.ready_in_s(ed, n, env.spec) for n in fits}
+            soonest = min(wait.values())
+            fits = [n for n in fits if wait[n] <= soonest + PULL_SLACK_S]
+            reason = f"image locality: layers ready in ~{soonest:.2f} s, then {reason}"
+        best = fits[0]  # ties go to the first node id in sorted order
+        for node_id in fits[1:]:
+            if _spread_key(ed, node_id, cores_held) > _spread_key(ed, best, cores_held):
+                best = node_id
+        decisions += images.assign_env(ed, env_id, best, held, reason, cause)
     return decisions
+
+
+def _spread_key(ed: StateEditor, node_id: str, cores_held: int) -> tuple[int, int]:
+    free = ed.cpu[node_id]
+    return (free.free_millicores if cores_held else 0, free.free_mem_bytes)
