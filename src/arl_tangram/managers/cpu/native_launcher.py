@@ -123,30 +123,38 @@ def cache_dir() -> str:
 
 def launcher_path() -> str | None:
     """Path of the compiled launcher (built now if needed), or None when it cannot be built."""
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    return native_binary("launcher", SOURCE)
+
+
+def native_binary(name: str, source: str, flags: tuple[str, ...] = ()) -> str | None:
+    """Path of ``source`` compiled as ``name`` into the cache (keyed by source and flags,
+    built once per process and reused across processes), or None when it cannot be built."""
+    digest = hashlib.sha256("\0".join((source, *flags)).encode()).hexdigest()[:16]
+    key = f"{name}-{digest}"
     with _lock:
-        if digest in _built:
-            return _built[digest]
-        target = os.path.join(cache_dir(), f"launcher-{digest}")
+        if key in _built:
+            return _built[key]
+        target = os.path.join(cache_dir(), key)
         if not os.access(target, os.X_OK):
-            target = _build(target) or ""
-        _built[digest] = target or None
-        return _built[digest]
+            target = _build(target, source, flags) or ""
+        _built[key] = target or None
+        return _built[key]
 
 
-def _build(target: str) -> str | None:
+def _build(target: str, source: str = SOURCE, flags: tuple[str, ...] = ()) -> str | None:
+    """Compile ``source`` to ``target`` (atomically); None without a compiler or on failure."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("no C compiler: sandboxes are entered through sh + nsenter (slower)")
+        log.info("no C compiler: sandboxes are entered through sh + nsenter (slower), image roots are refused")
         return None
     os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(target)) as tmp:
         src, out = os.path.join(tmp, "launcher.c"), os.path.join(tmp, "launcher")
         with open(src, "w", encoding="utf-8") as f:
-            f.write(SOURCE)
-        proc = subprocess.run([cc, "-O2", "-o", out, src], capture_output=True, timeout=120)
+            f.write(source)
+        proc = subprocess.run([cc, "-O2", *flags, "-o", out, src], capture_output=True, timeout=120)
         if proc.returncode != 0:
-            log.warning("building the native launcher failed; using sh + nsenter: %s", proc.stderr.decode(errors="replace"))
+            log.warning("building %s failed: %s", os.path.basename(target), proc.stderr.decode(errors="replace"))
             return None
         with contextlib.suppress(FileExistsError):
             os.replace(out, target)
