@@ -38,8 +38,14 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw
+ * sys_chroot mknod audit_write setfcap */
+#define KEEP_CAPS ((1ULL << 0) | (1ULL << 1) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) | (1ULL << 7) | \
+                   (1ULL << 8) | (1ULL << 10) | (1ULL << 13) | (1ULL << 18) | (1ULL << 27) | (1ULL << 29) | (1ULL << 31))
 
 static void die(const char *what, const char *arg) {
     fprintf(stderr, "arl-tangram-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -84,6 +90,12 @@ int main(int argc, char **argv) {
     for (int k = 0; k < NUM_NS; k++) {
         if (setns(ns_fd[k], 0) != 0) die("setns", ns_names[k]);
         close(ns_fd[k]);
+    }
+    /* root inside an image keeps only a container runtime's default capabilities (what
+     * apt, pip and chown need), never CAP_SYS_ADMIN & co, even in its own namespace */
+    for (int cap = 0; cap <= 63; cap++) {
+        if (KEEP_CAPS & (1ULL << cap)) continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) die("capbset drop", NULL);
     }
     if (setgid(gid) != 0) die("setgid", NULL);
     if (setuid(uid) != 0) die("setuid", NULL);
