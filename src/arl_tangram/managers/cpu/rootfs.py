@@ -99,7 +99,9 @@ def image_bwrap_argv(
     ws_perms = "0755" if root.uid == 0 else "1777"  # the tmpfs is created by in-namespace root
     return [
         "bwrap", "--userns", "@USERNS@", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-        "--uid", str(root.uid), "--gid", str(root.gid), "--hostname", hostname,
+        # the init stays in-namespace root (bwrap cannot switch ids inside a joined namespace);
+        # actions switch to the image's user themselves (see native_launcher)
+        "--uid", "0", "--gid", "0", "--hostname", hostname,
         "--bind", f"{STAGE_DIR}/root", "/",
         "--proc", "/proc", "--dev", "/dev", "--size", str(dev_bytes), "--tmpfs", "/dev/shm",
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
