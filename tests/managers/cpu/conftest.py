@@ -5,12 +5,17 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
+from arl_tangram.managers.cpu.rootfs import ImageRoot
+from tests.managers.cpu.image_tree import build_base
 
 
 def host_can_sandbox() -> bool:
@@ -39,5 +44,55 @@ def manager() -> Iterator[CpuManager]:
 @pytest.fixture
 def sandbox(manager: CpuManager) -> Iterator[str]:
     sid = manager.create_sandbox()
+    yield sid
+    manager.destroy_sandbox(sid)
+
+
+@pytest.fixture(scope="session")
+def image_dir() -> Iterator[Path]:
+    """A tiny image layer built from host files (see ``image_tree``), removed at the end."""
+    top = Path(tempfile.mkdtemp(prefix=f"arl-tangram-{os.getpid()}-img-"))
+    try:
+        yield build_base(top / "base")
+    finally:
+        shutil.rmtree(top)
+
+
+def image_root(layer: Path, **overrides: object) -> ImageRoot:
+    fields: dict[str, object] = {"lower_dirs": (layer,), "env": (("IMAGE_VAR", "from-image"),), "working_dir": "/testbed",
+                                 "writable_bytes": 64 << 20, **overrides}  # fmt: skip
+    return ImageRoot(**fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SpecMaker:
+    """Builds sandbox specs on one kind of root; the escape suites run on both kinds."""
+
+    image: Path | None  # the image layer, or None for the host root
+
+    def __call__(self, **overrides: int) -> SandboxSpec:
+        base = {"mem_bytes": SMALL.mem_bytes, "pids_max": SMALL.pids_max, "workspace_bytes": SMALL.workspace_bytes,
+                "tmp_bytes": SMALL.tmp_bytes, **overrides}  # fmt: skip
+        return SandboxSpec(**base, root=image_root(self.image) if self.image is not None else None)
+
+    @property
+    def cwd(self) -> str:
+        return "/testbed" if self.image is not None else "/workspace"
+
+    @property
+    def uid(self) -> str:
+        return "0" if self.image is not None else "1000"
+
+
+@pytest.fixture(params=["host", "image"])
+def spec(request: pytest.FixtureRequest, image_dir: Path) -> SpecMaker:
+    """Parametrizes a test over the host root and an image root."""
+    return SpecMaker(image_dir if request.param == "image" else None)
+
+
+@pytest.fixture
+def any_sandbox(manager: CpuManager, spec: SpecMaker) -> Iterator[str]:
+    """A sandbox on the root ``spec`` names (host, then image)."""
+    sid = manager.create_sandbox(spec())
     yield sid
     manager.destroy_sandbox(sid)

@@ -1,4 +1,5 @@
-"""Isolation from the host and between sandboxes, checked from inside real sandboxes."""
+"""Isolation from the host and between sandboxes, checked from inside real sandboxes on the
+host root and on an image root."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from arl_tangram.managers.cpu.manager import CpuManager
+from tests.managers.cpu.conftest import SpecMaker
 
 
 @pytest.fixture
@@ -22,44 +24,56 @@ def host_server() -> Iterator[int]:
     srv.close()
 
 
-def test_no_network_to_host_loopback(manager: CpuManager, sandbox: str, host_server: int) -> None:
+def test_no_network_to_host_loopback(manager: CpuManager, any_sandbox: str, host_server: int) -> None:
     code = f"import socket; socket.create_connection(('127.0.0.1', {host_server}), timeout=2)"
-    r = manager.exec(sandbox, ["python3", "-c", code])
+    r = manager.exec(any_sandbox, ["python3", "-c", code])
     assert not r.ok and b"Connection refused" in r.stderr
-    r = manager.exec(sandbox, ["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)"])
+    r = manager.exec(any_sandbox, ["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)"])
     assert not r.ok and b"unreachable" in r.stderr.lower()
-    assert manager.exec(sandbox, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev").stdout.count(b"lo") >= 1
+    assert manager.exec(any_sandbox, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev").stdout.count(b"lo") >= 1
 
 
-def test_cannot_write_outside_workspace(manager: CpuManager, sandbox: str) -> None:
+def test_cannot_write_outside_workspace(manager: CpuManager, any_sandbox: str, spec: SpecMaker) -> None:
+    """Host root: read-only outside the workspace and /tmp. Image root: writes land in the
+    sandbox's own upper only; neither the host, the shared layer nor a sibling sees them."""
     for target in ("/etc/evil", "/usr/evil", "/evil"):
-        r = manager.exec(sandbox, f"echo x > {target}")
-        assert not r.ok and b"Read-only file system" in r.stderr, target
-    assert manager.exec(sandbox, "echo ok > /tmp/t && echo ok > /workspace/t").ok
+        r = manager.exec(any_sandbox, f"echo x > {target}")
+        if spec.image is None:
+            assert not r.ok and b"Read-only file system" in r.stderr, target
+        else:
+            assert r.ok, (target, r)
+            assert not os.path.exists(target) and not os.path.exists(f"{spec.image}{target}")
+    assert manager.exec(any_sandbox, "echo ok > /tmp/t && echo ok > /workspace/t").ok
+    if spec.image is not None:
+        sibling = manager.create_sandbox(spec())
+        try:
+            assert manager.exec(sibling, "cat /etc/evil").exit_code != 0
+        finally:
+            manager.destroy_sandbox(sibling)
 
 
-def test_other_workspaces_and_host_secrets_invisible(manager: CpuManager, sandbox: str) -> None:
-    other = manager.create_sandbox()
+def test_other_workspaces_and_host_secrets_invisible(manager: CpuManager, any_sandbox: str, spec: SpecMaker) -> None:
+    other = manager.create_sandbox(spec())
     try:
         manager.write_file(other, "secret.txt", "other's data")
-        r = manager.exec(sandbox, "ls /workspace; ls /root /home 2>&1; cat /proc/1/cmdline | tr '\\0' ' '")
+        r = manager.exec(any_sandbox, f"ls {spec.cwd}; ls /root /home 2>&1; cat /proc/1/cmdline | tr '\\0' ' '")
         assert b"secret.txt" not in r.stdout
         assert b"No such file or directory" in r.stdout
         init_pid = manager.sandbox_info(other).init_pid
-        r = manager.exec(sandbox, f"cat /proc/{init_pid}/root/workspace/secret.txt")
+        r = manager.exec(any_sandbox, f"cat /proc/{init_pid}/root{spec.cwd}/secret.txt")
         assert not r.ok
-        assert manager.exec(sandbox, "cat /etc/shadow").exit_code != 0
+        assert manager.exec(any_sandbox, "cat /etc/shadow").exit_code != 0
     finally:
         manager.destroy_sandbox(other)
 
 
-def test_cannot_see_or_kill_host_processes(manager: CpuManager, sandbox: str) -> None:
+def test_cannot_see_or_kill_host_processes(manager: CpuManager, any_sandbox: str, spec: SpecMaker) -> None:
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        r = manager.exec(sandbox, f"kill -9 {victim.pid}; kill -9 1; ps -e 2>/dev/null | wc -l; ls /proc | grep -c '^[0-9]'")
+        r = manager.exec(any_sandbox, f"kill -9 {victim.pid}; kill -9 1; ps -e 2>/dev/null | wc -l; ls /proc | grep -c '^[0-9]'")
         assert victim.poll() is None
         assert int(r.stdout.split()[-1]) < 10  # only the sandbox's own few processes are visible
-        assert manager.exec(sandbox, "id -u").stdout == b"1000\n"
+        assert manager.exec(any_sandbox, "id -u").stdout == f"{spec.uid}\n".encode()
         assert os.path.exists(f"/proc/{victim.pid}")
     finally:
         victim.kill()

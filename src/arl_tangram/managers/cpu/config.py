@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S
 from arl_tangram.managers.cpu.errors import InvalidRequestError
+from arl_tangram.managers.cpu.rootfs import ImageRoot
 
 #: host paths bound read-only into every sandbox (the rest of the host, /root and /home
 #: included, is simply absent); missing ones are skipped, symlinks are reproduced
@@ -19,18 +20,22 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 class SandboxSpec:
     """Limits of one sandbox. ``mem_bytes`` covers every process and the tmpfs pages they
     write; ``pids_max`` bounds tasks (a fork bomb stops there); ``workspace_bytes`` and
-    ``tmp_bytes`` size the private tmpfs mounts."""
+    ``tmp_bytes`` size the private tmpfs mounts. ``root``: None runs on the host's read-only
+    root; an ``ImageRoot`` runs on an overlay of the image's layers (see ``rootfs``)."""
 
     mem_bytes: int = 1 << 30
     pids_max: int = 512
     workspace_bytes: int = 512 << 20
     tmp_bytes: int = 256 << 20
+    root: ImageRoot | None = None
 
     def __post_init__(self) -> None:
         _positive_int("spec.mem_bytes", self.mem_bytes, minimum=16 << 20)
         _positive_int("spec.pids_max", self.pids_max, minimum=8)
         _positive_int("spec.workspace_bytes", self.workspace_bytes, minimum=1 << 20)
         _positive_int("spec.tmp_bytes", self.tmp_bytes, minimum=1 << 20)
+        if self.root is not None and not isinstance(self.root, ImageRoot):
+            raise InvalidRequestError("spec.root", "must be an ImageRoot or None (the host root)", type(self.root).__name__)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ sandbox is frozen, costs no grant). Two rules keep this safe against a hostile s
   * the calling thread's fsuid/fsgid are switched to the sandbox user's host ids, so files
     get the right owner (a tmpfs mounted in a user namespace refuses unmapped owners) and the
     host process has no more file rights than the sandbox user.
-Only paths under the sandbox's workspace or ``/tmp`` are accepted. And a hostile sandbox
+Only paths under the sandbox's workspace or ``/tmp`` are accepted on the host root. On an
+image root any path inside the image may be named (not /proc, /sys or /dev): it is resolved
+by ``inroot`` (``openat2`` with ``RESOLVE_IN_ROOT``), so symlinks are followed but only ever
+inside the sandbox's root, and files get the image user's shifted owner. And a hostile sandbox
 cannot turn a file call against the host: only regular files are opened, never blocking
 (a planted FIFO is refused, not waited on), reads are capped by the file's size *before*
 reading (a sparse 200 GiB file is refused, not loaded), writes go to a temporary file that
@@ -27,18 +30,26 @@ import stat
 from collections.abc import Iterator
 
 from arl_tangram.managers.cpu.errors import CpuManagerError, InvalidRequestError
+from arl_tangram.managers.cpu.inroot import dir_in_root, open_in_root
 from arl_tangram.managers.cpu.launch import SandboxLayout
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_KERNEL_DIRS = ("/proc", "/sys", "/dev")  # the sandbox's kernel views, not files of the image
 
 
 def sandbox_path(path: str, layout: SandboxLayout, field: str = "path") -> tuple[str, ...]:
-    """Validate ``path`` (absolute, or relative to the workspace) and split it into
-    components below ``/``; it must stay inside the workspace or ``/tmp``."""
+    """Validate ``path`` (absolute, or relative to the default cwd) and split it into
+    components below ``/``. On the host root it must stay inside the workspace or ``/tmp``;
+    on an image root anywhere but /proc, /sys and /dev."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise InvalidRequestError(field, "must be a non-empty string without NUL bytes", path)
-    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(layout.workspace, path))
+    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(layout.default_cwd, path))
+    full = "/" + full.lstrip("/")  # normpath keeps a leading "//"
+    if layout.root is not None:
+        if any(full == k or full.startswith(k + "/") for k in _KERNEL_DIRS):
+            raise InvalidRequestError(field, "must not be under /proc, /sys or /dev", path)
+        return tuple(p for p in full.split("/") if p)
     roots = (layout.workspace, "/tmp")
     if not any(full == r or full.startswith(r + "/") for r in roots):
         raise InvalidRequestError(field, f"must stay inside {layout.workspace} or /tmp", path)
@@ -78,6 +89,27 @@ def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
             os.close(fd)
 
 
+def _parent(root_fd: int, layout: SandboxLayout, parts: tuple[str, ...], create: bool) -> contextlib.AbstractContextManager[int]:
+    """The directory ``parts`` names: resolved inside the root on an image, else walked
+    without following any link."""
+    if layout.root is not None:
+        return dir_in_root(root_fd, parts, create)
+    return _walk(f"/proc/self/fd/{root_fd}", parts, create)
+
+
+def _leaf(root_fd: int, dfd: int, layout: SandboxLayout, parts: tuple[str, ...], flags: int) -> int:
+    """Open the last component: through symlinks inside the root on an image, else never
+    through a link."""
+    if layout.root is not None:
+        return open_in_root(root_fd, parts, flags)
+    return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+
+
+def _need_leaf(parts: tuple[str, ...], path: str) -> None:
+    if not parts:
+        raise InvalidRequestError("path", "must name a file below /", path)
+
+
 def _mapped(exc: OSError, path: str) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"no such file in the sandbox: {path}")
@@ -91,8 +123,9 @@ def _mapped(exc: OSError, path: str) -> Exception:
 def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
     """Create or atomically replace the file at ``path`` (parents created); O(len(data))."""
     parts = sandbox_path(path, layout)
+    _need_leaf(parts, path)
     try:
-        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=True) as dfd:
+        with _as_sandbox_user(layout), _parent(root_fd, layout, parts[:-1], create=True) as dfd:
             tmp = f".tangram-tmp-{secrets.token_hex(6)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777, dir_fd=dfd)
             try:
@@ -111,9 +144,10 @@ def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, ma
     """The contents of the regular file at ``path``: at most ``max_bytes`` when given (a
     prefix), else the whole file, refused when it is larger than ``cap_bytes``."""
     parts = sandbox_path(path, layout)
+    _need_leaf(parts, path)
     try:
-        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+        with _as_sandbox_user(layout), _parent(root_fd, layout, parts[:-1], create=False) as dfd:
+            fd = _leaf(root_fd, dfd, layout, parts, os.O_RDONLY | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
@@ -132,8 +166,15 @@ def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, ma
 def is_regular(root_fd: int, layout: SandboxLayout, path: str) -> bool:
     """Whether ``path`` names a regular file (no link followed, nothing opened)."""
     parts = sandbox_path(path, layout)
+    _need_leaf(parts, path)
     try:
-        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
+        with _as_sandbox_user(layout), _parent(root_fd, layout, parts[:-1], create=False) as dfd:
+            if layout.root is not None:
+                fd = open_in_root(root_fd, parts, os.O_PATH)
+                try:
+                    return stat.S_ISREG(os.fstat(fd).st_mode)
+                finally:
+                    os.close(fd)
             return stat.S_ISREG(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
     except OSError as exc:
         raise _mapped(exc, path) from exc
@@ -145,7 +186,7 @@ def list_tree(root_fd: int, layout: SandboxLayout, path: str) -> list[tuple[str,
     parts = sandbox_path(path, layout)
     out: list[tuple[str, bool]] = []
     try:
-        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts, create=False) as dfd:
+        with _as_sandbox_user(layout), _parent(root_fd, layout, parts, create=False) as dfd:
             _scan(dfd, "", out)
     except OSError as exc:
         raise _mapped(exc, path) from exc

@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from arl_tangram.managers.cpu.rootfs import ImageRoot
+
 #: exit status of the launcher when joining the cgroups failed (never a program's own status
 #: on its own: the launcher also writes ``LAUNCH_MARK`` to stderr)
 LAUNCH_FAILED_RC = 125
@@ -49,6 +51,13 @@ class SandboxLayout:
     host_gid: int = 65534
     hostname: str = "sandbox"
     dev_bytes: int = 16 << 20
+    root: ImageRoot | None = None  # None: the host root (ro_binds); else an image's overlay
+
+    @property
+    def default_cwd(self) -> str:
+        """Where actions start and relative file paths resolve: the image's WorkingDir on an
+        image root, else the workspace."""
+        return self.root.working_dir if self.root is not None else self.workspace
 
 
 def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str]) -> list[str]:

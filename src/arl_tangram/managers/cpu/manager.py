@@ -54,6 +54,7 @@ from arl_tangram.managers.cpu.launch import SANDBOX_PATH, SandboxLayout
 from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.proc_io import OutputSink
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
+from arl_tangram.managers.cpu.rootfs_native import helper_path
 from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
 from arl_tangram.managers.cpu.topology import CpuTopology, read_topology
@@ -109,6 +110,7 @@ class CpuManager:
         self._closed = False
         self.transfers = Transfers(self.config)
         launcher_path()  # build the native launcher now, not inside the first action
+        helper_path()  # and the image root helper, not inside the first image create
         self._keeper: Keeper | None = None
         if self.driver.version:
             self._keeper = Keeper(self.root_name, self.config.cgroup_parent)
@@ -178,6 +180,12 @@ class CpuManager:
 
     def _layout(self, spec: SandboxSpec) -> SandboxLayout:
         c = self.config
+        r = spec.root
+        if r is not None:  # the image's user, over the shifted range (see rootfs)
+            return SandboxLayout(
+                ro_binds=(), workspace_bytes=spec.workspace_bytes, tmp_bytes=spec.tmp_bytes, sandbox_uid=r.uid,
+                sandbox_gid=r.gid, host_uid=r.host_uid, host_gid=r.host_gid, dev_bytes=c.dev_bytes, root=r,
+            )  # fmt: skip
         return SandboxLayout(
             ro_binds=c.ro_binds, workspace_bytes=spec.workspace_bytes, tmp_bytes=spec.tmp_bytes,
             sandbox_uid=c.sandbox_uid, sandbox_gid=c.sandbox_uid, host_uid=c.host_uid, host_gid=c.host_gid,
@@ -232,7 +240,7 @@ class CpuManager:
             if sandbox_id in self._sandboxes or sandbox_id in self._pending:
                 raise InvalidRequestError("sandbox_id", "must not name a live sandbox", sandbox_id)
             self._pending.add(sandbox_id)
-            if self._pool and (spec.workspace_bytes, spec.tmp_bytes) == (d.workspace_bytes, d.tmp_bytes):
+            if self._pool and spec.root is None and (spec.workspace_bytes, spec.tmp_bytes) == (d.workspace_bytes, d.tmp_bytes):
                 sb = self._pool.popleft()
                 self._cv.notify_all()
         try:
@@ -371,10 +379,20 @@ class CpuManager:
             return self._cores.load()
 
     def base_env(self, sandbox_id: str, dop: int) -> dict[str, str]:
-        return {
+        """The environment every run starts from; on an image root the image's ``Env``
+        overrides the defaults (the caller's ``env`` overrides both)."""
+        with self._lock:
+            sb = self._sandboxes.get(sandbox_id)
+        root = sb.layout.root if sb is not None else None
+        base = {
             "PATH": SANDBOX_PATH, "HOME": "/workspace", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
             "USER": "sandbox", "TANGRAM_SANDBOX_ID": sandbox_id, "TANGRAM_DOP": str(dop),
         }  # fmt: skip
+        if root is not None:
+            base.update({"HOME": "/root" if root.uid == 0 else "/workspace", "USER": "root" if root.uid == 0 else str(root.uid)})
+            base.update(dict(root.env))
+            base["TANGRAM_SANDBOX_ID"], base["TANGRAM_DOP"] = sandbox_id, str(dop)
+        return base
 
     # -- actions --------------------------------------------------------------------------
     def exec(
@@ -392,12 +410,12 @@ class CpuManager:
         chunk)`` receives the output live, on the pumping thread."""
         argv = validate_command(command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
+        sb = self.get_sandbox(sandbox_id)
         req = ActionRequest(
-            argv=argv, env=validate_env(env), cwd=self._cwd(cwd), stdin=validate_stdin(stdin),
+            argv=argv, env=validate_env(env), cwd=self._cwd(cwd, sb.layout), stdin=validate_stdin(stdin),
             timeout_s=validate_timeout(timeout_s), max_output_bytes=self._cap(max_output_bytes), background=bool(background),
             on_output=on_output, kill_grace_s=self.config.kill_grace_s,
         )  # fmt: skip
-        sb = self.get_sandbox(sandbox_id)
         cpus = self.reserve(g)
         try:
             try:
@@ -414,10 +432,10 @@ class CpuManager:
         finally:
             self.release(cpus)
 
-    def _cwd(self, cwd: str | None) -> str:
+    def _cwd(self, cwd: str | None, layout: SandboxLayout) -> str:
         if cwd is None:
-            return "/workspace"
-        parts = files.sandbox_path(cwd, self._layout(self.config.default_spec), field="cwd")
+            return layout.default_cwd
+        parts = files.sandbox_path(cwd, layout, field="cwd")
         return "/" + "/".join(parts)
 
     def _cap(self, max_output_bytes: int | None) -> int:
@@ -451,7 +469,7 @@ class CpuManager:
     # -- sessions (see session_runner) ----------------------------------------------------
     def open_session(self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
         """Start a persistent bash in the sandbox; returns its session id."""
-        return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd))
+        return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd, self.get_sandbox(sandbox_id).layout))
 
     def run_in_session(
         self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,

@@ -38,8 +38,14 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw
+ * sys_chroot mknod audit_write setfcap */
+#define KEEP_CAPS ((1ULL << 0) | (1ULL << 1) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) | (1ULL << 7) | \
+                   (1ULL << 8) | (1ULL << 10) | (1ULL << 13) | (1ULL << 18) | (1ULL << 27) | (1ULL << 29) | (1ULL << 31))
 
 static void die(const char *what, const char *arg) {
     fprintf(stderr, "arl-tangram-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -85,6 +91,12 @@ int main(int argc, char **argv) {
         if (setns(ns_fd[k], 0) != 0) die("setns", ns_names[k]);
         close(ns_fd[k]);
     }
+    /* root inside an image keeps only a container runtime's default capabilities (what
+     * apt, pip and chown need), never CAP_SYS_ADMIN & co, even in its own namespace */
+    for (int cap = 0; cap <= 63; cap++) {
+        if (KEEP_CAPS & (1ULL << cap)) continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) die("capbset drop", NULL);
+    }
     if (setgid(gid) != 0) die("setgid", NULL);
     if (setuid(uid) != 0) die("setuid", NULL);
     pid_t child = fork();
@@ -123,30 +135,38 @@ def cache_dir() -> str:
 
 def launcher_path() -> str | None:
     """Path of the compiled launcher (built now if needed), or None when it cannot be built."""
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    return native_binary("launcher", SOURCE)
+
+
+def native_binary(name: str, source: str, flags: tuple[str, ...] = ()) -> str | None:
+    """Path of ``source`` compiled as ``name`` into the cache (keyed by source and flags,
+    built once per process and reused across processes), or None when it cannot be built."""
+    digest = hashlib.sha256("\0".join((source, *flags)).encode()).hexdigest()[:16]
+    key = f"{name}-{digest}"
     with _lock:
-        if digest in _built:
-            return _built[digest]
-        target = os.path.join(cache_dir(), f"launcher-{digest}")
+        if key in _built:
+            return _built[key]
+        target = os.path.join(cache_dir(), key)
         if not os.access(target, os.X_OK):
-            target = _build(target) or ""
-        _built[digest] = target or None
-        return _built[digest]
+            target = _build(target, source, flags) or ""
+        _built[key] = target or None
+        return _built[key]
 
 
-def _build(target: str) -> str | None:
+def _build(target: str, source: str = SOURCE, flags: tuple[str, ...] = ()) -> str | None:
+    """Compile ``source`` to ``target`` (atomically); None without a compiler or on failure."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("no C compiler: sandboxes are entered through sh + nsenter (slower)")
+        log.info("no C compiler: sandboxes are entered through sh + nsenter (slower), image roots are refused")
         return None
     os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(target)) as tmp:
         src, out = os.path.join(tmp, "launcher.c"), os.path.join(tmp, "launcher")
         with open(src, "w", encoding="utf-8") as f:
-            f.write(SOURCE)
-        proc = subprocess.run([cc, "-O2", "-o", out, src], capture_output=True, timeout=120)
+            f.write(source)
+        proc = subprocess.run([cc, "-O2", *flags, "-o", out, src], capture_output=True, timeout=120)
         if proc.returncode != 0:
-            log.warning("building the native launcher failed; using sh + nsenter: %s", proc.stderr.decode(errors="replace"))
+            log.warning("building %s failed: %s", os.path.basename(target), proc.stderr.decode(errors="replace"))
             return None
         with contextlib.suppress(FileExistsError):
             os.replace(out, target)

@@ -12,6 +12,8 @@ import time
 
 from arl_tangram.managers.cpu.errors import CpuManagerError
 from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
+from arl_tangram.managers.cpu.rootfs import helper_argv, image_bwrap_argv
+from arl_tangram.managers.cpu.rootfs_native import helper_path
 
 INIT_ARGV = ("/usr/bin/sleep", "infinity")
 START_TIMEOUT_S = 10.0
@@ -24,7 +26,7 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
     r, w = os.pipe2(os.O_CLOEXEC)
     proc: subprocess.Popen[bytes] | None = None
     try:
-        argv = join_then_exec(join_files, bwrap_argv(layout, w, INIT_ARGV))
+        argv = _init_argv(sandbox_id, layout, join_files, w)
         proc = subprocess.Popen(
             argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, env=HOST_ENV,
@@ -46,6 +48,19 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
             os.close(w)
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()  # only start errors matter; never block the init
+
+
+def _init_argv(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...], info_fd: int) -> list[str]:
+    if layout.root is None:
+        return join_then_exec(join_files, bwrap_argv(layout, info_fd, INIT_ARGV))
+    helper = helper_path()
+    if helper is None:
+        raise CpuManagerError(f"sandbox {sandbox_id}: an image root needs the native rootfs helper, and no C compiler could build it")
+    bwrap = image_bwrap_argv(
+        layout.root, hostname=layout.hostname, dev_bytes=layout.dev_bytes, workspace=layout.workspace,
+        workspace_bytes=layout.workspace_bytes, tmp_bytes=layout.tmp_bytes, info_fd=info_fd,
+    )  # fmt: skip
+    return helper_argv(helper, join_files, layout.root, bwrap)
 
 
 def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes]) -> int:
