@@ -96,17 +96,20 @@ def _registry(t: Table) -> RegistryConfig:
 def make_image_store(config: ImagesConfig, environ: Mapping[str, str] | None = None) -> Any:
     """The node's ``ImageStore`` (blocking: it opens the store and removes anything a killed
     process left half-unpacked). Passwords are read from the environment here."""
-    from arl_tangram.managers.images.store import ImageStore, ImageStoreConfig, RegistryCredentials
+    from arl_tangram.managers.images.config import ImageStoreConfig, RegistryCredentials
+    from arl_tangram.managers.images.store import ImageStore
 
     env = os.environ if environ is None else environ
     creds = []
     for i, r in enumerate(config.registries):
-        password = None
+        password = ""
         if r.password_env is not None:
-            password = env.get(r.password_env)
-            if password is None:
+            found = env.get(r.password_env)
+            if found is None:
                 raise ConfigError(f"images.registries[{i}].password_env", "must name a set environment variable", r.password_env)
-        creds.append(RegistryCredentials(host=r.host, username=r.username, password=password, insecure=r.insecure))
+            password = found
+        # the store's credentials take "" for none (anonymous, or bearer tokens the registry hands out)
+        creds.append(RegistryCredentials(host=r.host, username=r.username or "", password=password, insecure=r.insecure))
     return ImageStore(
         ImageStoreConfig(
             store_path=Path(config.store_path), max_store_bytes=config.max_store_bytes, registries=tuple(creds),

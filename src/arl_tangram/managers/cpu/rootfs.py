@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from arl_tangram.core.env_spec import UID_RANGE, UID_SHIFT
 from arl_tangram.managers.cpu.errors import InvalidRequestError
 
-#: in-namespace id 0 is host id UID_SHIFT; the store shifts layer owners by the same amount.
-#: Defined here until the merge points it at core.env_spec.UID_SHIFT (the same value).
-UID_SHIFT = 100000
-ID_COUNT = 65536
+#: in-namespace id 0 is host id UID_SHIFT; the store shifts layer owners by the same amount
+#: (both read the core's constants, so they cannot drift apart).
+ID_COUNT = UID_RANGE
 #: where each sandbox mounts its tmpfs and overlay, inside its own mount namespace only
 STAGE_DIR = "/run/arl-tangram-root"
 INIT_PATH = "/dev/.tangram-init"  # the static init, bound read-only into /dev

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from arl_tangram.core.env_spec import UID_RANGE, UID_SHIFT
 from arl_tangram.managers.images.config import ImageStoreConfig, RegistryCredentials
 from arl_tangram.managers.images.errors import (
     ImageError,
@@ -20,10 +21,9 @@ from arl_tangram.managers.images.errors import (
 )
 
 #: image uid 0 is host uid UID_SHIFT; one shared unprivileged range of ID_RANGE ids for every
-#: image sandbox (lowers are read-only, uppers private per mount namespace). Until the merge
-#: this mirrors ``core/env_spec.UID_SHIFT``; the integrator points it there.
-UID_SHIFT = 100000
-ID_RANGE = 65536
+#: image sandbox (lowers are read-only, uppers private per mount namespace): the core's
+#: constants, so the store's shift and the sandbox's user namespace mapping cannot drift apart.
+ID_RANGE = UID_RANGE
 
 
 @dataclass(frozen=True)
