@@ -25,7 +25,8 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import Event, ImagePulled, ImagePullFailed, NodeLayersChanged
 
 Blocking = Callable[..., Awaitable[Any]]
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# the store names a failed layer "layer sha256:..." (a blob) or "layer: sha256:..." in its message
+_LAYER = re.compile(r"\blayer:? (sha256:[0-9a-f]{64})")
 
 
 def layer_needs(record: ImageRecordLike) -> tuple[LayerNeed, ...]:
@@ -34,13 +35,15 @@ def layer_needs(record: ImageRecordLike) -> tuple[LayerNeed, ...]:
 
 
 def pull_cause(exc: BaseException) -> tuple[str, str]:
-    """(cause, layer digest or "") of a failed pull: the store's error names its field,
-    the layer and the registry's status; anything else is named by its type."""
+    """(cause, layer digest or "") of a failed pull: the store's ``ImageError`` names its
+    field and the registry's status, and the layer in its message (whichever field failed:
+    a blob's 401 is the registry's, a digest mismatch the layer's); anything else is named
+    by its type."""
     field = getattr(exc, "field", None)
-    cause = f"{field}: {exc}" if field else f"{type(exc).__name__}: {exc}"
-    found = _DIGEST.search(str(exc))
-    layer = str(getattr(exc, "digest", "") or (found.group(0) if found and field == "layer" else ""))
-    return cause, layer
+    text = str(exc)
+    cause = text if field and text.startswith(f"{field}:") else f"{field or type(exc).__name__}: {text}"
+    found = _LAYER.search(text)
+    return cause, found.group(1) if found else ""
 
 
 def layers_of_node(agent: NodeAgent) -> NodeLayersChanged | None:
