@@ -90,12 +90,14 @@ def helper_argv(helper: str, join_files: Sequence[str], root: ImageRoot, bwrap: 
 
 
 def image_bwrap_argv(
-    root: ImageRoot, *, hostname: str, dev_bytes: int, workspace: str, workspace_bytes: int, tmp_bytes: int, info_fd: int
+    root: ImageRoot, *, hostname: str, dev_bytes: int, workspace: str, workspace_bytes: int, tmp_bytes: int, info_fd: int,
+    ready_fd: int,
 ) -> list[str]:
     """bubblewrap for an image sandbox: joins the helper's user namespace (so it runs as the
     unprivileged host uid ``UID_SHIFT``), binds the overlay as ``/`` (writable: the upper is
     the sandbox's own), then the same /proc, minimal /dev, loopback-only network, private
-    workspace and /tmp as a host-root sandbox. Its init is the helper's static ``init``."""
+    workspace and /tmp as a host-root sandbox. Its init is the helper's static ``init``, which
+    writes one byte to ``ready_fd`` once it runs."""
     ws_perms = "0755" if root.uid == 0 else "1777"  # the tmpfs is created by in-namespace root
     return [
         "bwrap", "--userns", "@USERNS@", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -107,5 +109,5 @@ def image_bwrap_argv(
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
         "--perms", ws_perms, "--size", str(workspace_bytes), "--tmpfs", workspace,
         "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-        "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init",
+        "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init", str(ready_fd),
     ]  # fmt: skip
