@@ -139,6 +139,25 @@ def test_host_file_calls_resolve_inside_the_root(manager: CpuManager, image_sb: 
         manager.read_file(image_sb, "/proc/1/environ")
 
 
+def test_uploads_downloads_and_sessions_on_an_image(manager: CpuManager, image_sb: str, tmp_path: Path) -> None:
+    """Mechanism: transfers name absolute image paths and go through the in-root resolver; a
+    session starts in the WorkingDir with the image's Env."""
+    src = tmp_path / "pkg"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub/mod.py").write_text("V = 1\n")
+    assert manager.upload(image_sb, str(src), "/opt/pkg") == 1
+    assert manager.exec(image_sb, "ln -s /etc /opt/pkg/etc-link && cat /opt/pkg/sub/mod.py").stdout == b"V = 1\n"
+    out = tmp_path / "out"
+    assert manager.download(image_sb, "/opt/pkg", str(out)) == 1  # the link is not followed out
+    assert (out / "sub/mod.py").read_text() == "V = 1\n" and not (out / "etc-link").exists()
+    session = manager.open_session(image_sb)
+    try:
+        r = manager.run_in_session(session, "pwd; echo $IMAGE_VAR; id -u")
+        assert r.stdout_text.split() == ["/testbed", "from-image", "0"], r
+    finally:
+        manager.close_session(session)
+
+
 def test_non_root_image_user(manager: CpuManager, image_dir: Path) -> None:
     """Mechanism: an image ``User`` of uid 1000 runs as 1000 inside (host 101000): it cannot
     write root's files of the image, and host-side writes get its shifted owner."""

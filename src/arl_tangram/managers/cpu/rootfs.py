@@ -3,11 +3,12 @@ manager; built by the agent from an image store record) and the argv that starts
 sandbox.
 
 The root is an overlay: the image's unpacked layers (read-only lowers, shared by every
-sandbox on them) under a private writable upper on a tmpfs of ``writable_bytes``. The tmpfs
-is mounted by the helper after it joined the sandbox's cgroups, so every page written to the
-upper (copy-ups included) is charged to the sandbox's memory cgroup: the writable layer
-counts as the env's memory, and ``mem_bytes`` bounds it as well. A tmpfs needs no ``mkfs``
-or backing file, which keeps warm creates cheap. Both mounts live in a mount namespace of
+sandbox on them) under a private writable upper on a tmpfs of ``writable_bytes``. Chosen over
+sized backing files: a tmpfs needs no ``mkfs`` or loop device, which keeps warm creates
+cheap. A tmpfs page is charged to the memory cgroup of the task that writes it, and writes
+(copy-ups included) come from the sandbox's own tasks, so the writable layer counts as the
+env's memory and ``mem_bytes`` bounds it as well (the exception: pages written by host-side
+file calls are charged to the manager, as for the workspace; ``writable_bytes`` still caps them). Both mounts live in a mount namespace of
 the sandbox's own (see ``rootfs_native``), so a dead sandbox leaves no mount behind.
 
 Users: layers are unpacked with every owner shifted by ``UID_SHIFT``; each sandbox gets its
