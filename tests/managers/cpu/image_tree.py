@@ -11,7 +11,12 @@ from pathlib import Path
 
 from arl_tangram.core.env_spec import UID_SHIFT
 
-BINS = ["bash", "sh", "cat", "ls", "echo", "id", "env", "sleep", "true", "false", "mkdir", "rm", "cp", "mv", "touch", "head", "tail", "df", "seq", "wc", "tr", "grep", "pgrep", "ps", "kill", "nohup", "setsid", "timeout", "truncate", "mkfifo", "pwd", "stat", "python3", "readlink", "ln", "chmod", "sed", "dd", "whoami", "uname", "nproc"]
+BINS = (
+    "bash", "sh", "cat", "ls", "echo", "id", "env", "sleep", "true", "false", "mkdir", "rm", "cp",
+    "mv", "touch", "head", "tail", "df", "seq", "wc", "tr", "grep", "pgrep", "ps", "kill", "nohup",
+    "setsid", "timeout", "truncate", "mkfifo", "pwd", "stat", "python3", "readlink", "ln", "chmod",
+    "sed", "dd", "whoami", "uname", "nproc",
+)
 _PY_SKIP = {"test", "idlelib", "tkinter", "ensurepip", "lib2to3", "pydoc_data", "turtledemo", "__pycache__", "config-3.11-x86_64-linux-gnu"}
 
 

@@ -62,6 +62,8 @@ def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping
     launcher = launcher_path()
     if launcher is not None:
         full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv)
+    elif sandbox.layout.root is not None:  # the fallback keeps every capability: never on an image
+        raise CpuManagerError(f"sandbox {sandbox.sandbox_id}: actions on an image root need the native launcher")
     else:
         full = join_then_exec(join, nsenter_argv(sandbox.init_pid, sandbox.layout, cwd, env, argv))
     return subprocess.Popen(

@@ -168,14 +168,15 @@ def is_regular(root_fd: int, layout: SandboxLayout, path: str) -> bool:
     parts = sandbox_path(path, layout)
     _need_leaf(parts, path)
     try:
-        with _as_sandbox_user(layout), _parent(root_fd, layout, parts[:-1], create=False) as dfd:
+        with _as_sandbox_user(layout):
             if layout.root is not None:
                 fd = open_in_root(root_fd, parts, os.O_PATH)
                 try:
                     return stat.S_ISREG(os.fstat(fd).st_mode)
                 finally:
                     os.close(fd)
-            return stat.S_ISREG(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
+            with _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=False) as dfd:
+                return stat.S_ISREG(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
     except OSError as exc:
         raise _mapped(exc, path) from exc
 

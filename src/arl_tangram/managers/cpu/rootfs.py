@@ -3,11 +3,12 @@ manager; built by the agent from an image store record) and the argv that starts
 sandbox.
 
 The root is an overlay: the image's unpacked layers (read-only lowers, shared by every
-sandbox on them) under a private writable upper on a tmpfs of ``writable_bytes``. The tmpfs
-is mounted by the helper after it joined the sandbox's cgroups, so every page written to the
-upper (copy-ups included) is charged to the sandbox's memory cgroup: the writable layer
-counts as the env's memory, and ``mem_bytes`` bounds it as well. A tmpfs needs no ``mkfs``
-or backing file, which keeps warm creates cheap. Both mounts live in a mount namespace of
+sandbox on them) under a private writable upper on a tmpfs of ``writable_bytes``. Chosen over
+sized backing files: a tmpfs needs no ``mkfs`` or loop device, which keeps warm creates
+cheap. A tmpfs page is charged to the memory cgroup of the task that writes it, and writes
+(copy-ups included) come from the sandbox's own tasks, so the writable layer counts as the
+env's memory and ``mem_bytes`` bounds it as well (the exception: pages written by host-side
+file calls are charged to the manager, as for the workspace; ``writable_bytes`` still caps them). Both mounts live in a mount namespace of
 the sandbox's own (see ``rootfs_native``), so a dead sandbox leaves no mount behind.
 
 Users: layers are unpacked with every owner shifted by ``UID_SHIFT``; each sandbox gets its
@@ -90,12 +91,14 @@ def helper_argv(helper: str, join_files: Sequence[str], root: ImageRoot, bwrap: 
 
 
 def image_bwrap_argv(
-    root: ImageRoot, *, hostname: str, dev_bytes: int, workspace: str, workspace_bytes: int, tmp_bytes: int, info_fd: int
+    root: ImageRoot, *, hostname: str, dev_bytes: int, workspace: str, workspace_bytes: int, tmp_bytes: int, info_fd: int,
+    ready_fd: int,
 ) -> list[str]:
     """bubblewrap for an image sandbox: joins the helper's user namespace (so it runs as the
     unprivileged host uid ``UID_SHIFT``), binds the overlay as ``/`` (writable: the upper is
     the sandbox's own), then the same /proc, minimal /dev, loopback-only network, private
-    workspace and /tmp as a host-root sandbox. Its init is the helper's static ``init``."""
+    workspace and /tmp as a host-root sandbox. Its init is the helper's static ``init``, which
+    writes one byte to ``ready_fd`` once it runs."""
     ws_perms = "0755" if root.uid == 0 else "1777"  # the tmpfs is created by in-namespace root
     return [
         "bwrap", "--userns", "@USERNS@", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -107,5 +110,5 @@ def image_bwrap_argv(
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
         "--perms", ws_perms, "--size", str(workspace_bytes), "--tmpfs", workspace,
         "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-        "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init",
+        "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init", str(ready_fd),
     ]  # fmt: skip

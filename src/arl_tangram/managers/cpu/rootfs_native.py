@@ -17,7 +17,8 @@ usage: helper N CGFILE... STAGE UPPER_BYTES SHIFT COUNT M LOWER... -- BWRAP_ARGV
      to host SHIFT.. (written by us, as root: bwrap 0.8 maps one id only), and
   4. drops to host uid/gid SHIFT and execs BWRAP_ARGV with "@USERNS@" replaced by the
      namespace's fd: bwrap joins it and so is never host root.
-usage: helper init -- closes inherited fds and sleeps until killed (the sandbox's init).
+usage: helper init [FD] -- writes "R" to FD (a writer of bwrap's info pipe), closes inherited
+fds and sleeps until killed (the sandbox's init).
 Exit 125 with "arl-tangram-launch:" on stderr when a step fails.
 """
 
@@ -53,7 +54,9 @@ static void write_file(const char *path, const char *text) {
     close(fd);
 }
 
-static int init_main(void) {
+static int init_main(const char *ready_fd) {
+    /* one byte on bwrap's info pipe says "mounted and running": no polling for readiness */
+    if (ready_fd != NULL && write(atoi(ready_fd), "R", 1) != 1) {}
     for (int fd = 3; fd < 1024; fd++) close(fd);
     for (;;) pause();
 }
@@ -129,7 +132,7 @@ static int make_userns(uid_t shift, const char *count) {
 int main(int argc, char **argv) {
     int i = 1;
     char buf[32], fdnum[16];
-    if (argc >= 2 && strcmp(argv[1], "init") == 0) return init_main();
+    if (argc >= 2 && strcmp(argv[1], "init") == 0) return init_main(argc >= 3 ? argv[2] : NULL);
     if (argc < 8) { errno = EINVAL; die("usage", NULL); }
     int n_join = atoi(argv[i++]);
     int len = snprintf(buf, sizeof buf, "%d", (int)getpid());

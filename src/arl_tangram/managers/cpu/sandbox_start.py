@@ -17,6 +17,7 @@ from arl_tangram.managers.cpu.rootfs_native import helper_path
 
 INIT_ARGV = ("/usr/bin/sleep", "infinity")
 START_TIMEOUT_S = 10.0
+READY = b"R"  # what an image sandbox's init writes once it runs (see rootfs_native)
 
 
 def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], int]:
@@ -24,17 +25,20 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
     it with the host pid of that pid 1, once its mounts are ready. On failure the monitor is
     killed and waited for, and ``CpuManagerError`` names the cause."""
     r, w = os.pipe2(os.O_CLOEXEC)
+    w_ready = os.dup(w)  # a second writer bwrap does not know of (it closes its info fd)
     proc: subprocess.Popen[bytes] | None = None
     try:
-        argv = _init_argv(sandbox_id, layout, join_files, w)
+        argv = _init_argv(sandbox_id, layout, join_files, w, w_ready)
         proc = subprocess.Popen(
-            argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, env=HOST_ENV,
+            argv, pass_fds=(w, w_ready) if layout.root is not None else (w,), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=HOST_ENV,
         )  # fmt: skip
         os.close(w)
-        w = -1
-        init_pid = _read_child_pid(sandbox_id, r, proc)
-        _wait_ready(sandbox_id, init_pid, proc)
+        os.close(w_ready)
+        w = w_ready = -1
+        init_pid, ready = _read_child_pid(sandbox_id, r, proc, want_ready=layout.root is not None)
+        if not ready:
+            _wait_ready(sandbox_id, init_pid, proc)
         return proc, init_pid
     except BaseException:
         if proc is not None and proc.poll() is None:
@@ -44,13 +48,14 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
         raise
     finally:
         os.close(r)
-        if w >= 0:
-            os.close(w)
+        for fd in (w, w_ready):
+            if fd >= 0:
+                os.close(fd)
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()  # only start errors matter; never block the init
 
 
-def _init_argv(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...], info_fd: int) -> list[str]:
+def _init_argv(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...], info_fd: int, ready_fd: int) -> list[str]:
     if layout.root is None:
         return join_then_exec(join_files, bwrap_argv(layout, info_fd, INIT_ARGV))
     helper = helper_path()
@@ -58,22 +63,30 @@ def _init_argv(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
         raise CpuManagerError(f"sandbox {sandbox_id}: an image root needs the native rootfs helper, and no C compiler could build it")
     bwrap = image_bwrap_argv(
         layout.root, hostname=layout.hostname, dev_bytes=layout.dev_bytes, workspace=layout.workspace,
-        workspace_bytes=layout.workspace_bytes, tmp_bytes=layout.tmp_bytes, info_fd=info_fd,
+        workspace_bytes=layout.workspace_bytes, tmp_bytes=layout.tmp_bytes, info_fd=info_fd, ready_fd=ready_fd,
     )  # fmt: skip
     return helper_argv(helper, join_files, layout.root, bwrap)
 
 
-def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes]) -> int:
+def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes], want_ready: bool) -> tuple[int, bool]:
+    """(pid 1's host pid, whether the init said it runs). bwrap writes the pid as JSON; an
+    image sandbox's init then appends ``READY`` to the same pipe (``want_ready``)."""
     data = b""
+    pid = -1
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(fd, 4096) if ready else b""
+        readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if readable else b""
         if not chunk:
             break
         data += chunk
+        head, marker, _ = data.partition(READY)
         with contextlib.suppress(ValueError):
-            return int(json.loads(data)["child-pid"])
+            pid = int(json.loads(head)["child-pid"])
+        if pid > 0 and (marker or not want_ready):
+            return pid, bool(marker)
+    if pid > 0:
+        return pid, False  # the pipe closed without the marker: let _wait_ready decide
     raise CpuManagerError(f"sandbox {sandbox_id}: bubblewrap did not start: {_start_error(proc)}")
 
 
