@@ -12,7 +12,10 @@ traceback, extra_info}}`` so the client re-raises them: ``CommandTimeoutError``,
 ``NonZeroExitCodeError`` (``check="raise"``), ``BashIncorrectSyntaxError`` (checked with
 ``bash -n`` on the host before anything runs), ``SessionExistsError``,
 ``SessionDoesNotExistError``; file errors as the builtins (``FileNotFoundError``,
-``ValueError`` for a path outside /workspace and /tmp). A repeated ``X-Request-ID`` gets the
+``ValueError`` for a path outside /workspace and /tmp on a host-root env). On an image env
+(a SWE task's repo at ``/testbed``) reads, writes and uploads may name any absolute path
+inside the sandbox: the CPU manager resolves them inside the sandbox's own root, so a
+symlink in the image never reaches a host file. A repeated ``X-Request-ID`` gets the
 first answer again. ``close`` closes the env's sessions; the env itself is released by
 whoever created it. Interactive commands (``expect``) are not supported (a clear error).
 """
