@@ -6,6 +6,8 @@
 - ``status``, ``env create|list|delete``, ``exec``, ``service register|list``: for people,
   against a running server over its HTTP API (``--url``, default ``$ARL_TANGRAM_URL`` or
   http://127.0.0.1:8080; ``--token``, default ``$ARL_TANGRAM_TOKEN``).
+- ``image pull|import|list|rm|prefetch``: images, on this node's store (``--config``) or
+  a server's (see ``cli_images``).
 - ``sim``, ``bench``, ``version``.
 Subcommands dispatch lazily so that ``arl-tangram sim ...`` never imports torch or the web
 stack, and a missing optional dependency fails with a message naming the extra to install.
@@ -26,10 +28,10 @@ from typing import Any
 
 import httpx
 
-BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray")
+BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray", "images")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
-CLIENT_COMMANDS = ("status", "env", "exec", "service")
+CLIENT_COMMANDS = ("status", "env", "exec", "service", "image")
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -62,6 +64,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     env.add_argument("action", choices=("create", "list", "delete"))
     env.add_argument("env_id", nargs="?", help="the env (delete; optional for create)")
     env.add_argument("--memory", default="1GiB")
+    env.add_argument("--image", default="host", help="host (the host's read-only root) or an image reference or id")
     ex = sub.add_parser("exec", parents=[common], help="run a command in an env and print its output")
     ex.add_argument("env_id")
     ex.add_argument("argv", nargs="+", help="the command (one string: run by bash -c)")
@@ -73,6 +76,9 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify"))
     svc.add_argument("--folder")
     svc.add_argument("--module")
+    from arl_tangram.cli_images import add_parser
+
+    add_parser(sub, common)
 
 
 def _missing(command: str, exc: ModuleNotFoundError, extra: str) -> int:
@@ -167,7 +173,12 @@ def _exec(http: httpx.Client, args: argparse.Namespace) -> int:
 
 
 def run_client_command(args: argparse.Namespace) -> int:
-    """``status``, ``env``, ``exec``, ``service`` against the server at ``args.url``."""
+    """``status``, ``env``, ``exec``, ``service``, ``image`` against the server at ``args.url``
+    (``image --config``: this node's store instead)."""
+    if args.command == "image" and args.config is not None:
+        from arl_tangram.cli_images import run_local
+
+        return run_local(args)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     with httpx.Client(base_url=args.url, headers=headers, timeout=httpx.Timeout(600.0, connect=5.0)) as http:
         try:
@@ -185,8 +196,12 @@ def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
             return 0
     elif args.command == "exec":
         return _exec(http, args)
+    elif args.command == "image":
+        from arl_tangram.cli_images import run_remote
+
+        return run_remote(http, args, _request)
     elif args.command == "env" and args.action == "create":
-        body = {"memory": args.memory, **({"env_id": args.env_id} if args.env_id else {})}
+        body = {"memory": args.memory, "image": args.image, **({"env_id": args.env_id} if args.env_id else {})}
         with _Progress("creating the env"):
             out = _request(http, "POST", "/v1/envs", json=body)
         if not args.json:

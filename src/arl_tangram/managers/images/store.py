@@ -85,11 +85,12 @@ class ImageStore:
         flight.set_result(record)
         return record
 
-    def import_path(self, path: Path, reference: str | None = None) -> ImageRecord:
-        """Import an OCI layout dir, a docker-save tar, or a rootfs dir/tar."""
+    def import_path(self, path: Path, reference: str | None = None, progress: Progress | None = None) -> ImageRecord:
+        """Import an OCI layout dir, a docker-save tar, or a rootfs dir/tar (``progress`` as
+        for ``pull``: each layer's unpack, then "done")."""
         canonical = parse_reference(reference, self.config.default_registry).canonical() if reference else None
         with open_source(Path(path), reference) as source:
-            return self._installer.install(source, canonical, str(path))
+            return self._installer.install(source, canonical, str(path), progress)
 
     # -- reading ---------------------------------------------------------------------------
     def lookup(self, reference_or_id: str) -> ImageRecord | None:
