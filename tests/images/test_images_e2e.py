@@ -6,10 +6,12 @@ registry's answer. Nothing is left behind (the suite's fixture)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from arl_tangram.client import SpecError
@@ -91,3 +93,19 @@ async def test_bad_credentials_end_the_creation_with_the_registry_401(connector:
             await env.release()
     finally:
         registry.stop()
+
+
+async def test_a_layer_the_registry_lost_ends_the_creation_naming_that_layer(connector: Connector, image_kit: ImageKit,
+                                                                          tmp_path: Path) -> None:
+    registry = image_kit.registry
+    reference = registry.push(image_kit.layout, "swe/broken", "v1")
+    index = json.loads((image_kit.layout / "index.json").read_text())
+    manifest_digest = index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads((image_kit.layout / "blobs/sha256" / manifest_digest).read_text())
+    lost = manifest["layers"][1]["digest"]  # the task layer's blob
+    gone = httpx.delete(f"http://{registry.host}/v2/swe/broken/blobs/{lost}", trust_env=False)
+    assert gone.status_code == 202, gone.text
+    async with connector(image_kit.config(tmp_path / "store")) as tg:
+        with pytest.raises((EnvFailedError, SpecError)) as failed:
+            await tg.create_env(image=reference, memory="128MiB")
+        assert lost in str(failed.value) and "404" in str(failed.value)  # the layer and the registry's answer
