@@ -110,5 +110,6 @@ def image_bwrap_argv(
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
         "--perms", ws_perms, "--size", str(workspace_bytes), "--tmpfs", workspace,
         "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+        "--dir", root.working_dir,  # made in the upper when the image lacks it, as Docker does
         "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init", str(ready_fd),
     ]  # fmt: skip
