@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD/src:$PWD python scripts/measure_image_sandbox.py [--rounds 200] [--creates 4]
 
 Prints JSON: exec_true_p50_ms_image / _host (alternating runs in one process, so both see
-the same load), and create_warm_p50_ms / _p99_ms: 16 threads each creating ``--creates``
+the same load), create_seq_p50_ms_image / _host (one creator, alternating), and
+create_warm_p50_ms / _p99_ms: 16 threads each creating ``--creates``
 sandboxes on an image whose layer is on disk (no pool: an image create never takes a pooled
 sandbox), then the same on the host root (pool off) for comparison; the load average says
 how busy the host was. The image is the tests' small host-file image, built in a temp dir
@@ -74,6 +75,18 @@ def warm_creates(mgr: CpuManager, root: ImageRoot | None, creates: int, creators
     return {f"create_warm_p50_ms{kind}": round(_pct(lat, 0.5) * 1e3, 2), f"create_warm_p99_ms{kind}": round(_pct(lat, 0.99) * 1e3, 2)}
 
 
+def sequential_creates(mgr: CpuManager, root: ImageRoot, n: int = 30) -> dict[str, float]:
+    """One creator, create then destroy, alternating image and host (same load for both)."""
+    lat: dict[str, list[float]] = {"image": [], "host": []}
+    for i in range(2 * n):
+        kind = "image" if i % 2 == 0 else "host"
+        t0 = time.perf_counter()
+        sid = mgr.create_sandbox(SandboxSpec(**SPEC, root=root if kind == "image" else None))
+        lat[kind].append(time.perf_counter() - t0)
+        mgr.destroy_sandbox(sid)
+    return {f"create_seq_p50_ms_{k}": round(statistics.median(v) * 1e3, 2) for k, v in lat.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=200)
@@ -84,7 +97,7 @@ def main() -> None:
         root = ImageRoot(lower_dirs=(build_base(top / "base"),), writable_bytes=64 << 20)
         with CpuManager(CpuManagerConfig()) as mgr:
             mgr.create_sandbox(SandboxSpec(**SPEC, root=root))  # warm the page cache and the helper
-            out = {**exec_true(mgr, root, args.rounds), **warm_creates(mgr, root, args.creates),
+            out = {**exec_true(mgr, root, args.rounds), **sequential_creates(mgr, root), **warm_creates(mgr, root, args.creates),
                    **warm_creates(mgr, None, args.creates), "creators": 16, "creates_each": args.creates * 16}  # fmt: skip
         out["load_average_1m"] = os.getloadavg()[0]
     finally:

@@ -9,17 +9,18 @@ from arl_tangram.managers.cpu.manager import CpuManager
 BUSY2 = "for i in 1 2 3; do timeout {s} sh -c 'while :; do :; done' & done; wait"
 
 
-def test_idle_sandbox_with_busy_loop_uses_no_cpu(manager: CpuManager, sandbox: str) -> None:
-    r = manager.exec(sandbox, "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", background=True)
+def test_idle_sandbox_with_busy_loop_uses_no_cpu(manager: CpuManager, any_sandbox: str) -> None:
+    """On the host root and on an image root: the freezer holds an idle sandbox at zero CPU."""
+    r = manager.exec(any_sandbox, "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &", background=True)
     assert r.ok
-    sb = manager.get_sandbox(sandbox)
+    sb = manager.get_sandbox(any_sandbox)
     time.sleep(0.2)  # let the freeze settle
     before = manager.driver.sandbox_cpu_ns(sb.group)
     time.sleep(1.0)
     used_cores = (manager.driver.sandbox_cpu_ns(sb.group) - before) / 1e9
     assert used_cores < 0.02
     # the loop is frozen, not dead: it runs again during the next action
-    assert manager.exec(sandbox, "pgrep -c -f 'while :' ").stdout.strip() != b"0"
+    assert manager.exec(any_sandbox, "pgrep -c -f 'while :' ").stdout.strip() != b"0"
 
 
 def test_busy_action_gets_the_granted_cores(manager: CpuManager, sandbox: str) -> None:

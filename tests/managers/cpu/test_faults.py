@@ -1,4 +1,5 @@
-"""Faults: timeouts, OOM, fork bomb, odd outputs, a sandbox killed from outside, cancel."""
+"""Faults: timeouts, OOM, fork bomb, odd outputs, a sandbox killed from outside, cancel; on
+the host root and on an image root."""
 
 from __future__ import annotations
 
@@ -10,23 +11,24 @@ import time
 
 import pytest
 
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.managers.cpu.errors import SandboxDeadError
 from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.managers.cpu.results import Outcome
+from tests.managers.cpu.conftest import SpecMaker
 
 
-def test_timeout_kills_the_tree_and_sandbox_survives(manager: CpuManager, sandbox: str) -> None:
+def test_timeout_kills_the_tree_and_sandbox_survives(manager: CpuManager, any_sandbox: str, spec: SpecMaker) -> None:
     t0 = time.monotonic()
-    r = manager.exec(sandbox, "(sleep 100 &) ; setsid sleep 100 & sleep 100", timeout_s=0.5)
+    r = manager.exec(any_sandbox, "(sleep 100 &) ; setsid sleep 100 & sleep 100", timeout_s=0.5)
     assert r.outcome is Outcome.TIMED_OUT and time.monotonic() - t0 < 5
-    r = manager.exec(sandbox, "ps -eo comm | grep -c sleep || true")
-    assert r.stdout == b"1\n"  # only the init's own sleep remains
-    assert manager.exec(sandbox, "echo alive").stdout == b"alive\n"
+    r = manager.exec(any_sandbox, "ps -eo comm | grep -c sleep || true")
+    # only the init's own sleep remains (an image sandbox's init is not sleep)
+    assert r.stdout == (b"0\n" if spec.image is not None else b"1\n")
+    assert manager.exec(any_sandbox, "echo alive").stdout == b"alive\n"
 
 
-def test_oom_is_reported_distinctly(manager: CpuManager) -> None:
-    sid = manager.create_sandbox(SandboxSpec(mem_bytes=64 << 20, pids_max=64, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
+def test_oom_is_reported_distinctly(manager: CpuManager, spec: SpecMaker) -> None:
+    sid = manager.create_sandbox(spec(mem_bytes=64 << 20, pids_max=64, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
     try:
         r = manager.exec(sid, ["python3", "-c", "x = bytearray(512 << 20); print('survived')"])
         assert r.outcome is Outcome.OOM_KILLED and r.exit_code == -9, r
@@ -37,8 +39,8 @@ def test_oom_is_reported_distinctly(manager: CpuManager) -> None:
         manager.destroy_sandbox(sid)
 
 
-def test_fork_bomb_is_contained(manager: CpuManager) -> None:
-    sid = manager.create_sandbox(SandboxSpec(mem_bytes=128 << 20, pids_max=48, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
+def test_fork_bomb_is_contained(manager: CpuManager, spec: SpecMaker) -> None:
+    sid = manager.create_sandbox(spec(mem_bytes=128 << 20, pids_max=48, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
     try:
         box: dict[str, object] = {}
         worker = threading.Thread(target=lambda: box.update(r=manager.exec(sid, "bomb() { bomb | bomb; }; bomb", timeout_s=2)))
@@ -58,26 +60,26 @@ def test_fork_bomb_is_contained(manager: CpuManager) -> None:
         manager.destroy_sandbox(sid)
 
 
-def test_stdout_closed_early_huge_and_binary_output(manager: CpuManager, sandbox: str) -> None:
-    r = manager.exec(sandbox, "echo first; exec 1>&-; sleep 0.2; echo late >&2")
+def test_stdout_closed_early_huge_and_binary_output(manager: CpuManager, any_sandbox: str) -> None:
+    r = manager.exec(any_sandbox, "echo first; exec 1>&-; sleep 0.2; echo late >&2")
     assert r.ok and r.stdout == b"first\n" and r.stderr == b"late\n"
-    r = manager.exec(sandbox, "head -c 50000000 /dev/zero", max_output_bytes=1000)
+    r = manager.exec(any_sandbox, "head -c 50000000 /dev/zero", max_output_bytes=1000)
     assert r.ok and len(r.stdout) == 1000 and r.stdout_truncated and r.stdout_bytes == 50_000_000
-    r = manager.exec(sandbox, ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 4)"])
+    r = manager.exec(any_sandbox, ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 4)"])
     assert r.stdout == bytes(range(256)) * 4 and not r.stdout_truncated
-    r = manager.exec(sandbox, "sleep 30 & echo detached")  # a child keeps stdout open
+    r = manager.exec(any_sandbox, "sleep 30 & echo detached")  # a child keeps stdout open
     assert r.ok and r.stdout == b"detached\n" and r.wall_s < 5
 
 
-def test_cancel(manager: CpuManager, sandbox: str) -> None:
+def test_cancel(manager: CpuManager, any_sandbox: str) -> None:
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
-    r = manager.exec(sandbox, "sleep 30", cancel=cancel)
+    r = manager.exec(any_sandbox, "sleep 30", cancel=cancel)
     assert r.outcome is Outcome.CANCELLED and r.wall_s < 5
 
 
-def test_init_killed_from_outside_is_reported(manager: CpuManager) -> None:
-    sid = manager.create_sandbox()
+def test_init_killed_from_outside_is_reported(manager: CpuManager, spec: SpecMaker) -> None:
+    sid = manager.create_sandbox(spec())
     try:
         init_pid = manager.sandbox_info(sid).init_pid
         box: dict[str, object] = {}

@@ -161,6 +161,16 @@ def test_uploads_downloads_and_sessions_on_an_image(manager: CpuManager, image_s
         manager.close_session(session)
 
 
+def test_missing_working_dir_is_made(manager: CpuManager, image_dir: Path) -> None:
+    """Mechanism: a WorkingDir the image lacks is created in the sandbox's upper."""
+    sid = manager.create_sandbox(_spec(image_root(image_dir, working_dir="/srv/app")))
+    try:
+        assert manager.exec(sid, "pwd").stdout == b"/srv/app\n"
+        assert not (image_dir / "srv").exists()
+    finally:
+        manager.destroy_sandbox(sid)
+
+
 def test_non_root_image_user(manager: CpuManager, image_dir: Path) -> None:
     """Mechanism: an image ``User`` of uid 1000 runs as 1000 inside (host 101000): it cannot
     write root's files of the image, and host-side writes get its shifted owner."""

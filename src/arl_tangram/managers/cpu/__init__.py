@@ -13,8 +13,9 @@ from arl_tangram.managers.cpu.errors import (
 )
 from arl_tangram.managers.cpu.manager import CpuManager, Grant, SandboxInfo
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
+from arl_tangram.managers.cpu.rootfs import UID_SHIFT, ImageRoot
 
 __all__ = [
-    "CgroupUnavailableError", "CpuManager", "CpuManagerConfig", "CpuManagerError", "ExecResult", "Grant",
-    "InvalidRequestError", "Outcome", "SandboxDeadError", "SandboxInfo", "SandboxNotFoundError", "SandboxSpec",
+    "UID_SHIFT", "CgroupUnavailableError", "CpuManager", "CpuManagerConfig", "CpuManagerError", "ExecResult", "Grant",
+    "ImageRoot", "InvalidRequestError", "Outcome", "SandboxDeadError", "SandboxInfo", "SandboxNotFoundError", "SandboxSpec",
 ]  # fmt: skip

@@ -223,7 +223,7 @@ class CpuManager:
     def create_sandbox(self, spec: SandboxSpec | None = None, *, sandbox_id: str | None = None) -> str:
         """A new frozen sandbox under ``sandbox_id`` (the controller's env id: 1-64 chars of
         [A-Za-z0-9._-], not live) or a generated id; taken from the warm pool when its
-        filesystem sizes match. A close racing the create undoes it and raises
+        filesystem sizes match (never for an image root: ``spec.root``, see ``rootfs``). A close racing the create undoes it and raises
         ``ManagerClosedError``."""
         spec = spec or self.config.default_spec
         if not isinstance(spec, SandboxSpec):

@@ -15,8 +15,9 @@ Users: layers are unpacked with every owner shifted by ``UID_SHIFT``; each sandb
 own user namespace mapping in-namespace 0..65535 to host ``UID_SHIFT``.. (one range shared by
 all image sandboxes: safe because the lowers are read-only, each upper is reachable only from
 its own mount namespace, and pid/ipc/net namespaces are per sandbox, so no sandbox can name
-another's processes or writable files). The task runs as the image's user, e.g. root inside
-= host 100000, never host root.
+another's processes or writable files). The range must belong to no one else on the host
+(no login user, no other runtime's /etc/subuid range). The task runs as the image's user,
+e.g. root inside = host 100000, never host root.
 """
 
 from __future__ import annotations
@@ -110,5 +111,6 @@ def image_bwrap_argv(
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
         "--perms", ws_perms, "--size", str(workspace_bytes), "--tmpfs", workspace,
         "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+        "--dir", root.working_dir,  # made in the upper when the image lacks it, as Docker does
         "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init", str(ready_fd),
     ]  # fmt: skip

@@ -80,11 +80,11 @@ def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes], wan
         if not chunk:
             break
         data += chunk
-        head, marker, _ = data.partition(READY)
+        marker = READY in data  # bwrap's JSON has no capital R, so the byte can sit anywhere
         with contextlib.suppress(ValueError):
-            pid = int(json.loads(head)["child-pid"])
+            pid = int(json.loads(data.replace(READY, b""))["child-pid"])
         if pid > 0 and (marker or not want_ready):
-            return pid, bool(marker)
+            return pid, marker
     if pid > 0:
         return pid, False  # the pipe closed without the marker: let _wait_ready decide
     raise CpuManagerError(f"sandbox {sandbox_id}: bubblewrap did not start: {_start_error(proc)}")
