@@ -36,6 +36,7 @@ from typing import Any
 
 import arl_tangram
 from arl_tangram.bench import image_kit as kit
+from arl_tangram.bench.overhead_http import server_process
 from arl_tangram.runtime.config import TangramConfig
 from arl_tangram.runtime.config_images import ImagesConfig, RegistryConfig, make_image_store
 
@@ -203,22 +204,18 @@ async def swe_task(setup: Setup) -> dict[str, Any]:
         from swerex.runtime.remote import RemoteRuntime
     except ImportError as exc:  # the swe-rex client is optional; say so in the figures
         return {"swe_task_ok": False, "swe_task_error": f"swe-rex not installed: {exc}"}
-    from arl_tangram.api.app import create_app
-    from arl_tangram.api.compat import mount_compat
-    from arl_tangram.api.server import ServerThread
-
     patch = setup.work / "patch"
     patch.mkdir()
     (patch / "calc.py").write_text(kit.FIXED)
-    app = create_app(setup.config("store-swe"))
-    mount_compat(app)
-    server = await asyncio.to_thread(lambda: ServerThread(app).start())
-    try:
-        async with arl_tangram.connect(server.url) as tg:
+    config = setup.work / "swe.toml"  # the server's own store, pulling from the loopback registry
+    config.write_text(f'[images]\nstore_path = "{setup.work / "store-swe"}"\n\n'
+                      f'[[images.registries]]\nhost = "{setup.registry.host}"\ninsecure = true\n')  # fmt: skip
+    with server_process(config=str(config)) as url:
+        async with arl_tangram.connect(url) as tg:
             env = await tg.create_env(image=setup.refs[1], memory=MEMORY)
             quiet = logging.getLogger("arl-tangram.bench.swerex")  # its own logger logs every upload at DEBUG
             quiet.setLevel(logging.WARNING)
-            rt = RemoteRuntime(host=f"{server.url}/swerex/{env.env_id}", port=None, auth_token="", logger=quiet)
+            rt = RemoteRuntime(host=f"{url}/swerex/{env.env_id}", port=None, auth_token="", logger=quiet)
             await rt.create_session(CreateBashSessionRequest())
             await rt.run_in_session(BashAction(command="cd /testbed"))
             failing = await rt.run_in_session(BashAction(command="python3 test_calc.py", check="silent"))
@@ -227,8 +224,6 @@ async def swe_task(setup: Setup) -> dict[str, Any]:
             passing = await rt.run_in_session(BashAction(command="python3 test_calc.py", check="silent"))
             await rt.close()
             await env.release()
-    finally:
-        await asyncio.to_thread(server.stop)
     return {"swe_task_ok": failing.exit_code == 1 and passing.exit_code == 0 and passing.output.strip() == "ok"}
 
 

@@ -164,6 +164,8 @@ class HttpTransport(Transport):
 
     async def read_file(self, env_id: str, path: str) -> bytes:
         response = await self.http.get(f"/v1/envs/{env_id}/files", params={"path": path})
+        if response.status_code == 404 and _field(response) == "path":
+            raise FileNotFoundError(response.json().get("error") or f"no such file in the sandbox: {path}")
         if response.status_code != 200:
             _answer(response)
         return response.content
@@ -212,6 +214,15 @@ class HttpTransport(Transport):
                     await self.release_env(env_id)
         finally:
             await self.http.aclose()
+
+
+def _field(response: httpx.Response) -> str | None:
+    """The ``field`` of an error answer's JSON body, if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("field") if isinstance(body, dict) else None
 
 
 def _answer(response: httpx.Response) -> Any:
