@@ -46,6 +46,12 @@ class ImageKit:
     layout: Path  # its OCI layout on disk (for imports)
     work: Path
 
+    @property
+    def shared_store(self) -> Path:
+        """A store the session's tests reuse one after another (never two runtimes at once):
+        tests that do not need a cold node pull the image once."""
+        return self.work / "shared-store"
+
     def config(self, store: Path, *, password_env: str | None = None, username: str | None = None,
                **images: object) -> TangramConfig:
         reg = RegistryConfig(host=self.registry.host, username=username, password_env=password_env, insecure=True)

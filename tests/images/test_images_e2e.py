@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
 Connector = Callable[..., Any]
 
 
-async def test_an_image_env_runs_inside_the_image_with_its_config(connector: Connector, image_kit: ImageKit, tmp_path: Path) -> None:
-    async with connector(image_kit.config(tmp_path / "store")) as tg:
+async def test_an_image_env_runs_inside_the_image_with_its_config(connector: Connector, image_kit: ImageKit) -> None:
+    async with connector(image_kit.config(image_kit.shared_store)) as tg:
         env = await tg.create_env(image=image_kit.reference, memory="256MiB")
         r = await env.exec("pwd; id -u; echo $TASK; cat /etc/hostname; ls /testbed")
         assert r.ok, r.stderr
@@ -47,8 +47,8 @@ async def test_an_image_env_runs_inside_the_image_with_its_config(connector: Con
         await env.release()
 
 
-async def test_a_host_file_call_on_an_image_resolves_inside_its_root(connector: Connector, image_kit: ImageKit, tmp_path: Path) -> None:
-    async with connector(image_kit.config(tmp_path / "store")) as tg:
+async def test_a_host_file_call_on_an_image_resolves_inside_its_root(connector: Connector, image_kit: ImageKit) -> None:
+    async with connector(image_kit.config(image_kit.shared_store)) as tg:
         env = await tg.create_env(image=image_kit.reference, memory="256MiB")
         assert (await env.exec("ln -s /etc/shadow /testbed/leak && ln -s ../../../../etc/passwd /testbed/up")).ok
         assert b"root:x:0:0:root:/root:/bin/bash" in await env.read_file("/testbed/up")  # the image's passwd
@@ -58,9 +58,9 @@ async def test_a_host_file_call_on_an_image_resolves_inside_its_root(connector: 
         await env.release()
 
 
-async def test_a_failed_pull_ends_the_creation_naming_the_registry_answer(connector: Connector, image_kit: ImageKit, tmp_path: Path) -> None:
+async def test_a_failed_pull_ends_the_creation_naming_the_registry_answer(connector: Connector, image_kit: ImageKit) -> None:
     host = image_kit.registry.host
-    async with connector(image_kit.config(tmp_path / "store")) as tg:
+    async with connector(image_kit.config(image_kit.shared_store)) as tg:
         with pytest.raises((EnvFailedError, SpecError)) as unknown:
             await tg.create_env(image=f"{host}/swe/missing:v1", memory="128MiB")
         assert "image" in str(unknown.value) and "404" in str(unknown.value)
