@@ -170,7 +170,10 @@ def _run(
         stop_grace_s=req.kill_grace_s,
     )  # fmt: skip
     # the launcher's own timer fired first (this thread ran late): a timeout all the same
-    timed_out = res.timed_out or (res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK))
+    by_launcher = res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK)
+    timed_out = res.timed_out or by_launcher
+    if by_launcher and res.stderr.data.endswith(LAUNCH_TIMEOUT_MARK):
+        del res.stderr.data[-len(LAUNCH_TIMEOUT_MARK) :]  # the launcher's word, not the program's
     killed, error = (0, None) if req.background and not (timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
     wall_s = time.perf_counter() - t0
     cancelled = res.cancelled or sandbox.is_destroying
