@@ -394,7 +394,7 @@ def main(argv: list[str]) -> int:
     _log("standalone wrapper: a resident service's calls while two others swap")
     with _timed(phase_s, "standalone_churn"):
         churn = gpu_standalone.measure(
-            _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), args.stall_s / 2
+            _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), max(1.0, args.stall_s / 2)
         )
     result.update({k: v for k, v in churn.items() if k.startswith("resident_call_")})
     result["standalone_churn"] = churn
