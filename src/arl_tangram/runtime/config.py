@@ -16,6 +16,7 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     pids_max = 512
     workspace_bytes = "512MiB"
     tmp_bytes = "256MiB"
+    kill_grace_s = 2.0                # a timed-out or cancelled action's processes are gone within this
 
     [gpu]
     devices = "auto"                  # "auto": CUDA if torch sees it, else CPU devices; or a count of CPU devices
@@ -113,13 +114,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CpuConfig:
-    """Sandbox defaults: ``pool_size`` warm sandboxes; limits of one sandbox."""
+    """Sandbox defaults: ``pool_size`` warm sandboxes; limits of one sandbox; the kill grace."""
 
     pool_size: int = 0
     mem_bytes: int = 1 << 30
     pids_max: int = 512
     workspace_bytes: int = 512 << 20
     tmp_bytes: int = 256 << 20
+    kill_grace_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,7 @@ def _cpu(t: Table) -> CpuConfig:
         pids_max=t.integer("pids_max", CpuConfig.pids_max, minimum=8),
         workspace_bytes=t.size("workspace_bytes", CpuConfig.workspace_bytes, minimum=1 << 20),
         tmp_bytes=t.size("tmp_bytes", CpuConfig.tmp_bytes, minimum=1 << 20),
+        kill_grace_s=t.number("kill_grace_s", CpuConfig.kill_grace_s, lambda v: 0 < v <= 60, "in (0, 60]"),
     )
     t.done()
     return config

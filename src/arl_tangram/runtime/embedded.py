@@ -48,6 +48,7 @@ class EmbeddedRuntime:
         cpu_config = cpu_config or CpuManagerConfig(
             pool_size=config.cpu.pool_size,
             default_spec=SandboxSpec(config.cpu.mem_bytes, config.cpu.pids_max, config.cpu.workspace_bytes, config.cpu.tmp_bytes),
+            kill_grace_s=config.cpu.kill_grace_s,
         )  # fmt: skip
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None

@@ -460,7 +460,9 @@ class CpuManager:
     ) -> ExecResult:  # fmt: skip
         """Run a command in the session's shell (state persists) under exactly the named
         grant, as ``exec``. A timeout kills the command's processes (the session's background
-        jobs too) and keeps the shell; a close or destroy meanwhile ends it ``cancelled``."""
+        jobs too) within the kill grace and keeps the shell; the result's output ends where
+        the command was stopped and its ``exit_code`` is None. A close or destroy meanwhile
+        ends it ``cancelled``."""
         if not isinstance(command, str) or "\0" in command:
             raise InvalidRequestError("command", "must be a string without NUL bytes", command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
