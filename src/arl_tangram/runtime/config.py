@@ -84,6 +84,7 @@ from arl_tangram.runtime.config_reader import (
 from arl_tangram.runtime.config_service import (
     ServiceSettings,
     TenantConfig,
+    check_metrics_token,
     read_service_settings,
     read_tenants,
 )
@@ -185,6 +186,7 @@ def parse_config(
         source=source,
     )
     root.done()
+    check_metrics_token(config.service, config.tenants)
     return config
 
 

@@ -162,3 +162,9 @@ def _tenant(name: str, t: Table, environ: Mapping[str, str]) -> TenantConfig:
     )
     t.done()
     return config
+
+
+def check_metrics_token(service: ServiceSettings, tenants: Mapping[str, TenantConfig]) -> None:
+    """The operator's metrics token reads every tenant's series: no tenant may hold it."""
+    if service.metrics_token is not None and any(t.token == service.metrics_token for t in tenants.values()):
+        raise ConfigError("service.metrics_token", "must differ from every tenant's token", "<hidden>")
