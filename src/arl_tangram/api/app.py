@@ -64,6 +64,8 @@ def create_app(
                 await runtime.aclose()
             raise
         app.state.api = state
+        if owned:  # the stop's first moment ends what is pending (runtime.shutdown says why)
+            state.stopping.add_done_callback(lambda _f: runtime.controller.begin_shutdown())
         restore = _watch_rounds(state)
         try:
             yield

@@ -37,7 +37,7 @@ from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.cpu.config import SandboxSpec
-from arl_tangram.runtime import recovery
+from arl_tangram.runtime import recovery, shutdown
 from arl_tangram.runtime.actions import (
     ActionRecord,
     ActionResult,
@@ -110,6 +110,7 @@ class Controller:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._stopping: str | None = None  # why new work is refused (``begin_shutdown``)
 
     # -- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,6 +143,17 @@ class Controller:
         are registered (a re-run service call needs its service); idempotent."""
         rows, self._unresumed = self._unresumed, []
         return recovery.resume(self, rows)
+
+    def begin_shutdown(self, cause: str = shutdown.SHUTTING_DOWN) -> None:
+        """The service is stopping: pending env creations end (``EnvFailedError`` naming
+        ``cause``), queued actions end ``error`` (``cause``, journaled), running ones are
+        stopped, new submissions and env requests are refused. Idempotent; ``aclose``
+        follows (``runtime.shutdown`` says why this comes first)."""
+        if self._stopping is not None or self._closed:
+            return
+        self._stopping = cause
+        creations, queued, running = shutdown.end_pending(self, cause)
+        log.info("stopping (%s): %d env creations and %d queued actions ended, %d running stopped", cause, creations, queued, running)
 
     async def aclose(self) -> None:
         """Idempotent. Unfinished actions end ``cancelled``; envs are destroyed by their
@@ -234,6 +246,8 @@ class Controller:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the controller is closed")
+        if self._stopping is not None:
+            raise RuntimeError(f"the controller is stopping ({self._stopping})")
 
     def learned_model(self, kind: str) -> Learned:
         """The online-learned elasticity curve of an action kind (used when a caller states none)."""
@@ -300,6 +314,8 @@ class Controller:
 
     async def create_env(self, spec: EnvSpec, sandbox: SandboxSpec) -> None:
         """Request an env and wait until its sandbox is ready; ``EnvFailedError`` names why not."""
+        if self._stopping is not None and not self._closed:
+            raise EnvFailedError(f"env {spec.env_id}: {self._stopping}")
         self._check_open()
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:
             raise SpecError("env_id", "must be unique among live envs", spec.env_id)
