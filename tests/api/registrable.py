@@ -33,3 +33,15 @@ def build_broken() -> Any:
 def build_for_tenants() -> Any:
     """The same model under the name an operator lists in ``allowed_modules``."""
     return build()
+
+
+def build_slow() -> Any:
+    """A load that holds its worker thread for a minute; touches ``$TANGRAM_TEST_LOADING``
+    first, so a test knows it is under way."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(os.environ["TANGRAM_TEST_LOADING"]).touch()
+    time.sleep(60)
+    return build()
