@@ -2,7 +2,9 @@
 factories and model folders the operator allowed (``[service] allowed_modules`` /
 ``allowed_folders``); anything else is a 403 naming the field, with nothing imported, read
 or loaded. Allowed ones load on a worker thread, a factory that raises is the caller's
-error (422) and the server goes on; the operator's own ``[[services]]`` need no allowlist."""
+error (422) and the server goes on, a folder's weights load from safetensors only (pickled
+weights are refused, never unpickled); the operator's own ``[[services]]`` need no
+allowlist."""
 
 from __future__ import annotations
 
@@ -62,12 +64,31 @@ async def test_what_the_operator_did_not_allow_is_refused_and_never_imported(tmp
     assert TENANT_CODE not in sys.modules  # ... and the tenant's module was never imported
 
 
-async def test_allowed_factories_load_the_operators_need_no_allowlist_and_a_broken_one_is_an_error() -> None:
+def _pickled_copy(folder: Path, into: Path) -> Path:
+    """The model of ``folder`` with its weights pickled (``pytorch_model.bin``), no safetensors."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(folder, into)
+    weights = into / "model.safetensors"
+    torch.save(load_file(str(weights)), str(into / "pytorch_model.bin"))
+    weights.unlink()
+    return into
+
+
+async def test_allowed_factories_load_the_operators_need_no_allowlist_and_a_broken_one_is_an_error(tmp_path: Path) -> None:
+    from arl_tangram.managers.gpu.models import generate_causal_lm
+
+    models = tmp_path / "models"
+    tiny = generate_causal_lm(models, 1 << 20)
+    pickled = _pickled_copy(tiny, models / "pickled")
     allowed = ("tests.api.registrable:build_for_tenants", "tests.api.registrable:build_broken")
     config = TangramConfig(
         gpu=GpuConfig(devices=1, device_mem_bytes=64 << 20),
         services=(ServiceConfig("op/tiny", "logprobs", module="tests.api.registrable:build"),),  # not in the allowlist
-        service=ServiceSettings(allowed_modules=allowed),
+        service=ServiceSettings(allowed_modules=allowed, allowed_folders=(str(models),)),
     )
     call = {"type": "service", "request": {"tokens": [1, 2, 3]}}
     with serving(config, tokens=TOKENS) as server:
@@ -84,7 +105,11 @@ async def test_allowed_factories_load_the_operators_need_no_allowlist_and_a_brok
             assert broken.status_code == 422 and broken.json()["field"] == "module", broken.text
             assert "broken on purpose" in broken.json()["rule"]
             assert (await bob.get("/v1/health")).json()["status"] == "ok"  # the server went on
-            assert {s["name"] for s in (await alice.get("/v1/services")).json()["services"]} == {"mine", "op/tiny"}
+            folder = await alice.post("/v1/services", json={"name": "lm", "handler": "logprobs", "folder": str(tiny)})
+            assert folder.status_code == 201, folder.text  # a safetensors folder inside an allowed one
+            refused = await alice.post("/v1/services", json={"name": "pickle", "handler": "logprobs", "folder": str(pickled)})
+            assert refused.status_code == 422 and refused.json()["field"] == "folder", refused.text  # never unpickled
+            assert {s["name"] for s in (await alice.get("/v1/services")).json()["services"]} == {"lm", "mine", "op/tiny"}
 
 
 def test_the_allowlists_are_validated_naming_the_field() -> None:
