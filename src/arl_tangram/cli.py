@@ -71,8 +71,8 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     svc.add_argument("action", choices=("register", "list"))
     svc.add_argument("name", nargs="?")
     svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify"))
-    svc.add_argument("--folder")
-    svc.add_argument("--module")
+    svc.add_argument("--folder", help="a model folder the server's [service] allowed_folders lists (or one inside it)")
+    svc.add_argument("--module", help="a pkg.mod:factory the server's [service] allowed_modules lists")
 
 
 def _missing(command: str, exc: ModuleNotFoundError, extra: str) -> int:

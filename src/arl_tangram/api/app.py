@@ -64,8 +64,15 @@ def create_app(
         runtime: EmbeddedRuntime = (
             await EmbeddedRuntime.start(config_or_runtime) if owned else config_or_runtime  # type: ignore[arg-type,assignment]
         )
-        state = _make_state(runtime, settings)
+        try:
+            state = _make_state(runtime, settings)
+        except BaseException:  # a bad setting: the runtime started for it is closed again
+            if owned:
+                await runtime.aclose()
+            raise
         app.state.api = state
+        if owned:  # the stop's first moment ends what is pending (runtime.shutdown says why)
+            state.stopping.add_done_callback(lambda _f: runtime.controller.begin_shutdown())
         restore = _watch_rounds(state)
         try:
             yield
@@ -108,6 +115,10 @@ def _make_state(runtime: EmbeddedRuntime, settings: dict[str, Any]) -> ApiState:
         runtime, tokens=tokens, max_queued_actions=max_queued, shared_services=frozenset(s.name for s in config.services),
     )  # fmt: skip
     state.create_timeout_s = float(settings["create_timeout_s"] or DEFAULT_CREATE_TIMEOUT_S)
+    metrics_token = getattr(config.service, "metrics_token", None)
+    if metrics_token is not None and metrics_token in tokens:
+        raise ConfigError("service.metrics_token", "must differ from every tenant's token", "<hidden>")
+    state.metrics.operator_token = metrics_token
     state.on_done.append(state.metrics.observe)
     return state
 

@@ -2,6 +2,8 @@
 
 - invalid input (pydantic, the core's ``SpecError``, ``ConfigError``, a manager's
   ``InvalidRequestError``): 422 naming the field and the rule;
+- an operator's power a tenant was not granted (``registration.Forbidden``): 403 naming the
+  field and the rule;
 - an id the tenant does not own: 404 (never 403, so ids are not confirmed); the tenant's own
   env whose lease ran out: 410 saying so;
 - a per-tenant limit (``TenantLimitError``): 429; a full queue (``Overloaded`` here, the
@@ -23,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from arl_tangram.api.registration import Forbidden
 from arl_tangram.api.state import Gone, NotFound, Overloaded
 from arl_tangram.core.errors import SpecError
 from arl_tangram.managers.gpu.errors import GpuManagerError
@@ -92,6 +95,11 @@ async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(404, str(exc), exc.field, "must name one of this tenant's live objects", exc.value)
 
 
+async def _forbidden(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Forbidden)
+    return error_response(403, str(exc), exc.field, exc.rule, exc.value)
+
+
 async def _gone(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Gone)
     return error_response(410, str(exc), exc.field, exc.rule, exc.value)
@@ -140,6 +148,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(Gone, _gone)
+    app.add_exception_handler(Forbidden, _forbidden)
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(EnvFailedError, _env_failed)
     app.add_exception_handler(StarletteHTTPException, _http)

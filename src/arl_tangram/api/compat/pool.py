@@ -101,6 +101,8 @@ class CodeEnvPool:
         self.creating: dict[str, int] = {}  # env id -> memory, from the decision until the controller holds it
         self.starved: set[str] = set()  # creations that started without the memory for them
         self.closed = False
+        # a stop wakes borrowers waiting for a full bucket: they end now, not at their timeout
+        state.stopping.add_done_callback(lambda _f: self._spawn(self._wake_all()))
 
     def _bucket(self, tenant: str, mem_bytes: int) -> _Bucket:
         key = (tenant, mem_bytes)
@@ -135,6 +137,8 @@ class CodeEnvPool:
                     await asyncio.wait_for(bucket.changed.wait(), max(left_s, 0.0))
                 except TimeoutError:
                     raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
+                if self.state.closing:
+                    raise Overloaded("the service is shutting down", 5.0)
         env_id = self.state.scoped(tenant, new_id("pool"))
         self.creating[env_id] = mem_bytes  # counted before its task runs: concurrent borrowers see it
         if starved:
@@ -219,6 +223,11 @@ class CodeEnvPool:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _wake_all(self) -> None:
+        for bucket in list(self.buckets.values()):
+            async with bucket.changed:
+                bucket.changed.notify_all()
 
     async def aclose(self) -> None:
         """Wait for resets in flight, then release every idle env. Idempotent."""
