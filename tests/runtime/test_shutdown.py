@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from arl_tangram.core.action import EnvSpec
-from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.controller import EnvFailedError
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 from arl_tangram.runtime.journal import Journal
@@ -21,8 +20,8 @@ pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
 MEM = 64 << 20
 
 
-def _env(env_id: str) -> tuple[EnvSpec, SandboxSpec]:
-    return EnvSpec(env_id, MEM, "default", ""), SandboxSpec(MEM, 64, 16 << 20, 16 << 20)
+def _env(env_id: str) -> EnvSpec:
+    return EnvSpec(env_id, MEM, "default", "", pids_max=64, workspace_bytes=16 << 20, tmp_bytes=16 << 20)
 
 
 async def test_begin_shutdown_ends_what_is_pending_at_once_and_journals_it(tmp_path: Path) -> None:
@@ -30,7 +29,7 @@ async def test_begin_shutdown_ends_what_is_pending_at_once_and_journals_it(tmp_p
     runtime = await EmbeddedRuntime.start(config(journal_path=str(path)))
     try:
         c = runtime.controller
-        await c.create_env(*_env("e-1"))
+        await c.create_env(_env("e-1"))
         cores = sum(c.loop.state.spec.cpu_nodes[0].numa_cores)
         running = c.submit(exec_spec("e-1", cores=cores, action_id="running"), exec_payload("touch up && sleep 30"))
         cpu = c.env_node("e-1").cpu
@@ -41,7 +40,7 @@ async def test_begin_shutdown_ends_what_is_pending_at_once_and_journals_it(tmp_p
             except Exception:
                 await asyncio.sleep(0.02)
         queued = c.submit(noop_spec(cpu_millicores=1000, action_id="queued"), NOOP)  # behind every core
-        creating = asyncio.create_task(c.create_env(*_env("e-2")))
+        creating = asyncio.create_task(c.create_env(_env("e-2")))
         await asyncio.sleep(0)  # its request is posted; its sandbox is not ready
         assert running.started_s is not None and queued.result is None and not creating.done()
         c.begin_shutdown()
@@ -51,7 +50,7 @@ async def test_begin_shutdown_ends_what_is_pending_at_once_and_journals_it(tmp_p
         assert queued.result is not None and (queued.result.outcome, queued.result.cause) == ("error", "shutting_down")
         assert (await c.wait("running", 10)).outcome == "cancelled"
         with pytest.raises(EnvFailedError, match="shutting_down"):
-            await c.create_env(*_env("e-3"))
+            await c.create_env(_env("e-3"))
         with pytest.raises(RuntimeError, match="stopping"):
             c.submit(noop_spec(), NOOP)
     finally:
