@@ -49,7 +49,7 @@ def unpack_vs_tar(work: Path, tar_bytes: bytes) -> dict[str, float]:
                 ours.append(_time(lambda f=f, dest=dest: unpack_blob(f, dest, "measure")))
             dest2 = work / f"tar-{kind}-{i}"
             dest2.mkdir()
-            theirs.append(_time(lambda dest2=dest2: subprocess.run(
+            theirs.append(_time(lambda dest2=dest2, blob=blob: subprocess.run(
                 ["tar", "-C", str(dest2), "--numeric-owner", "-xf", str(blob)], check=True)))
             shutil.rmtree(dest)
             shutil.rmtree(dest2)
