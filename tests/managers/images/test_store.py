@@ -211,3 +211,12 @@ def test_kill_9_during_unpack_leaves_nothing_after_reopen(make_store, tmp_path: 
     assert any(tmp_dir.iterdir()), "the unpack was not caught mid-way"
     store = make_store()
     assert list(tmp_dir.iterdir()) == [] and store.layer_bytes() == {} and store.list_images() == []
+
+
+def test_pull_of_an_image_id_answers_from_the_store(make_store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = make_store()
+    image_id = write_oci_layout(tmp_path / "oci", [BASE])
+    with pytest.raises(ImageNotFoundError, match="names no registry"):
+        store.pull(image_id)
+    rec = store.import_path(tmp_path / "oci")
+    assert store.pull(image_id) == rec and rec.references == ()

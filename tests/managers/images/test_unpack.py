@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -167,9 +168,15 @@ def test_truncated_blob_is_refused(tmp_path: Path, compression: str) -> None:
     refused(tmp_path, cut, "truncated", declared_bytes=len(blob))
 
 
-def test_layer_larger_than_declared_is_refused(tmp_path: Path) -> None:
-    blob = compress(LayerTar().file("big", os.urandom(300_000)).build(), "gzip")
-    refused(tmp_path, blob, "larger than its declared size", declared_bytes=len(blob) // 3)
+def test_layer_larger_than_declared_is_refused_while_reading(tmp_path: Path) -> None:
+    blob = compress(LayerTar().file("big", os.urandom(32 << 20)).build(), "gzip")
+    source = io.BytesIO(blob)
+    dest = tmp_path / "layer"
+    dest.mkdir()
+    with pytest.raises(LayerRefusedError, match="larger than its declared size") as info:
+        unpack_blob(source, dest, LABEL, declared_bytes=300_000)
+    assert LABEL in str(info.value)
+    assert source.tell() <= 300_000 + (2 << 20)  # stopped at the declared size, not at 32 MiB
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
@@ -185,3 +192,15 @@ def test_decompression_bomb_stops_at_the_cap(tmp_path: Path, compression: str) -
 
     refused(tmp_path, blob, "per-layer cap", charge_unpacked=charge)
     assert seen[0] <= cap + (2 << 20)  # stopped within a chunk or two, not after 64 MiB
+
+
+def test_sparse_member_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "holes", "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of holes: a few hundred bytes as a sparse tar member
+        f.write(b"end")
+    tar = subprocess.run(["tar", "-C", str(src), "--sparse", "--format=gnu", "-cf", "-", "holes"],
+                         capture_output=True, check=True).stdout
+    assert len(tar) < 1 << 20
+    refused(tmp_path, tar, "sparse file")

@@ -123,7 +123,7 @@ class LayerSet:
                 result = unpack(tmp, charge)
                 if expected is not None and result.diff_id != expected:
                     raise LayerRefusedError("layer", f"{label}: diff_id is {result.diff_id}, expected {expected}")
-                return self._commit(tmp, result, held=expected is not None)
+                return self._commit(tmp, result, held=expected is not None, charged=charged)
             finally:
                 with self.lock:
                     self._reserved -= charged[0]
@@ -147,10 +147,13 @@ class LayerSet:
     def _used_locked(self) -> int:
         return self._used
 
-    def _commit(self, tmp: Path, result: BlobResult, held: bool) -> LayerRecord:
+    def _commit(self, tmp: Path, result: BlobResult, held: bool, charged: list[int]) -> LayerRecord:
         digest = result.diff_id
         final = self.path(digest)
         with self.lock:
+            # the reservation becomes the layer's bytes in one step: never counted twice
+            self._reserved -= charged[0]
+            charged[0] = 0
             if not held:
                 self._holds[digest] += 1
             if digest in self.layers:  # unpacked meanwhile by another path (a rootfs twin)
