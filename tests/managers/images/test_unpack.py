@@ -204,3 +204,32 @@ def test_sparse_member_is_refused(tmp_path: Path) -> None:
                          capture_output=True, check=True).stdout
     assert len(tar) < 1 << 20
     refused(tmp_path, tar, "sparse file")
+
+
+def test_host_tree_unpacks_like_gnu_tar_but_shifted(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", "/usr/lib/python3.11/json", str(src)], check=True)
+    os.symlink("decoder.py", src / "alias.py")
+    os.link(src / "encoder.py", src / "encoder-hard.py")
+    os.chmod(src / "tool.py", 0o4750)
+    tar = subprocess.run(["tar", "-C", str(src), "--numeric-owner", "-cf", "-", "."], capture_output=True, check=True).stdout
+    ours = unpack(tmp_path, tar)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    subprocess.run(["tar", "-C", str(theirs), "--numeric-owner", "-xpf", "-"], input=tar, check=True)
+
+    def tree(root: Path) -> dict[str, tuple]:  # type: ignore[type-arg]
+        out = {}
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                p = Path(dirpath) / name
+                st = os.lstat(p)
+                body = os.readlink(p) if stat.S_ISLNK(st.st_mode) else (p.read_bytes() if stat.S_ISREG(st.st_mode) else b"")
+                out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode) if not
+                                                 stat.S_ISLNK(st.st_mode) else 0, body, st.st_uid, st.st_nlink)
+        return out
+
+    mine, gnu = tree(ours), tree(theirs)
+    assert sorted(mine) == sorted(gnu)
+    for name, (kind, mode, body, uid, nlink) in gnu.items():
+        assert mine[name] == (kind, mode, body, uid + UID_SHIFT, nlink), name
