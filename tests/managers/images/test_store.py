@@ -232,3 +232,13 @@ def test_pull_of_an_image_id_answers_from_the_store(make_store, tmp_path: Path) 
         store.pull(image_id)
     rec = store.import_path(tmp_path / "oci")
     assert store.pull(image_id) == rec and rec.references == ()
+
+
+def test_reopen_drops_layer_dirs_the_index_does_not_know(make_store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = make_store()
+    write_oci_layout(tmp_path / "oci", [BASE])
+    rec = store.import_path(tmp_path / "oci", "keep:1")
+    stray = tmp_path / "store" / "layers" / ("ab" * 32)  # renamed into place, then killed before the index
+    (stray / "etc").mkdir(parents=True)
+    reopened = make_store()
+    assert not stray.exists() and reopened.lookup("keep:1") == rec and rec.layers[0].path.exists()

@@ -50,7 +50,7 @@ class ImageStore:
                                self._protected, self._save)
         self.layers.recover(layers)
         self._images = {i: v for i, v in self._images.items() if all(d in self.layers.layers for d in v.layers)}
-        self._installer = Installer(self.layers, self._commit_image)
+        self._installer = Installer(self.layers, self._commit_image, self._canonical_or_none)
         self._save()
 
     def close(self) -> None:
