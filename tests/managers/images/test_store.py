@@ -209,8 +209,8 @@ ImageStore(ImageStoreConfig(store_path=Path(sys.argv[1]))).import_path(Path(sys.
 
 def test_kill_9_during_unpack_leaves_nothing_after_reopen(make_store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     members = LayerTar()
-    for i in range(3000):
-        members.file(f"d{i % 50}/f{i}", os.urandom(20_000))
+    for i in range(2000):
+        members.file(f"d{i % 50}/f{i}", os.urandom(10_000))
     write_oci_layout(tmp_path / "oci", [members.build()], compression="gzip")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.Popen([sys.executable, "-c", KILLER, str(tmp_path / "store"), str(tmp_path / "oci")], env=env)
