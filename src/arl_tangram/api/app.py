@@ -20,6 +20,8 @@ from fastapi import FastAPI
 from arl_tangram import __version__
 from arl_tangram.api import errors, routes_actions, routes_envs, routes_services, routes_system
 from arl_tangram.api.auth import document_bearer, tokens_from_config
+from arl_tangram.api.edge import BodyLimits, BodyMeter, Edge
+from arl_tangram.api.json_body import JsonWorkers
 from arl_tangram.api.state import (
     DEFAULT_CREATE_TIMEOUT_S,
     DEFAULT_MAX_QUEUED_ACTIONS,
@@ -37,13 +39,16 @@ def create_app(
     tokens: Mapping[str, str] | None = None,
     max_queued_actions: int | None = None,
     create_timeout_s: float | None = None,
+    body_limits: BodyLimits | None = None,
 ) -> FastAPI:
     """The app. ``tokens`` maps bearer token -> tenant, added to the configured ones; with
     none at all every call is tenant ``default``. ``max_queued_actions`` bounds the actions
-    submitted and not yet ended (beyond it: 503 with ``Retry-After``)."""
+    submitted and not yet ended (beyond it: 503 with ``Retry-After``). ``body_limits``
+    (else the configuration's ``[service] max_*_bytes``) caps request bodies (413).
+    ``app.state.body_meter`` counts the body bytes the app read (``api.edge``)."""
     settings = dict(
         tokens=dict(tokens or {}), max_queued_actions=max_queued_actions,
-        create_timeout_s=create_timeout_s,
+        create_timeout_s=create_timeout_s, body_limits=body_limits,
     )  # fmt: skip
     for token, tenant in settings["tokens"].items():  # type: ignore[union-attr]
         check_tenant_name(tenant, "tokens")
@@ -59,6 +64,7 @@ def create_app(
         )
         state = _make_state(runtime, settings)
         app.state.api = state
+        app.state.json_workers = JsonWorkers()
         restore = _watch_rounds(state)
         try:
             yield
@@ -68,6 +74,7 @@ def create_app(
             if owned:
                 await runtime.aclose()
             await state.drain()
+            await app.state.json_workers.aclose()
 
     app = FastAPI(
         title="ARL-Tangram", version=__version__, lifespan=lifespan,
@@ -77,6 +84,8 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )  # fmt: skip
     errors.install(app)
+    app.state.body_meter = BodyMeter()
+    app.add_middleware(Edge, meter=app.state.body_meter)
     action_schema = routes_actions.ACTION_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
     document_bearer(app, {"ActionCreate": action_schema})
     for module in (routes_envs, routes_actions, routes_services, routes_system):
@@ -101,6 +110,11 @@ def _make_state(runtime: EmbeddedRuntime, settings: dict[str, Any]) -> ApiState:
         runtime, tokens=tokens, max_queued_actions=max_queued, shared_services=frozenset(s.name for s in config.services),
     )  # fmt: skip
     state.create_timeout_s = float(settings["create_timeout_s"] or DEFAULT_CREATE_TIMEOUT_S)
+    state.body_limits = settings["body_limits"] or BodyLimits(
+        _setting(None, config, "max_body_bytes", BodyLimits.body_bytes),
+        _setting(None, config, "max_file_body_bytes", BodyLimits.file_bytes),
+        _setting(None, config, "max_upload_bytes", BodyLimits.upload_bytes),
+    )
     state.on_done.append(state.metrics.observe)
     return state
 

@@ -6,13 +6,19 @@
   env whose lease ran out: 410 saying so;
 - a per-tenant limit (``TenantLimitError``): 429; a full queue (``Overloaded`` here, the
   runtime's ``OverloadedError``) or a service shutting down: 503; both with ``Retry-After``;
-- a duplicate name: 409; anything else: 500, logged, without internals in the body.
+- a file call's OS error: the path named, as 404 (no such file) or 422 (a directory, not
+  writable, no room);
+- a body past its cap: 413 (``api.edge``); a method the path does not take: 405 with
+  ``Allow`` listing the methods it does take;
+- a duplicate name: 409; anything else: 500, logged, without internals in the body (the
+  edge answers what no handler here did, so no exception reaches uvicorn).
 The runtime's error classes are matched by name and ``retry_after_s`` so the API works
 before and after they exist.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import re
@@ -22,7 +28,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from arl_tangram.api.edge import BodyTooLarge
 from arl_tangram.api.state import Gone, NotFound, Overloaded
 from arl_tangram.core.errors import SpecError
 from arl_tangram.managers.gpu.errors import GpuManagerError
@@ -43,10 +51,17 @@ def error_response(
 
 
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
+    # bounded before any copy: the value may be a 100 MB string or a list of millions
+    if isinstance(value, str):
+        return value[:200]
+    if value is None or isinstance(value, bool | int | float):
+        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value][:32]
+        return [_jsonable(v) for v in value[:32]]
+    if isinstance(value, bytes | bytearray):
+        return repr(bytes(value[:200]))
+    if isinstance(value, dict):
+        return f"<an object of {len(value)} keys>"
     return repr(value)[:200]
 
 
@@ -113,9 +128,49 @@ async def _env_failed(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, str(exc), "env", "the sandbox must start", retry_after_s=1.0)
 
 
-async def _http(_request: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if isinstance(exc, BodyTooLarge):
+        return error_response(413, str(exc.detail), "body", f"must be at most {exc.cap_bytes} bytes ({exc.setting})")
+    if exc.status_code == 405:
+        allowed = _allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        return error_response(405, str(exc.detail), "method", f"must be one of {', '.join(allowed)}", request.method, headers=headers)
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path takes (Starlette names only the first route's)."""
+    routes = request.app.router.routes
+    return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
+
+
+# errno -> (status, rule) of a file call's OS error: the tenant's own path, never a 500
+_FILE_ERRNO = {
+    errno.ENOENT: (404, "must name an existing file (or a directory to create it in)"),
+    errno.EISDIR: (422, "must name a regular file, not a directory"),
+    errno.ENOTDIR: (422, "must not pass through a non-directory"),
+    errno.ELOOP: (422, "must not pass through a symlink"),
+    errno.EROFS: (422, "must name a file below /workspace or /tmp (not a read-only place)"),
+    errno.EACCES: (422, "must name a file the sandbox user may access"),
+    errno.EPERM: (422, "must name a file the sandbox user may access"),
+    errno.ENOSPC: (422, "must fit the sandbox's free space"),
+    errno.ENAMETOOLONG: (422, "must have components of at most 255 bytes"),
+}
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OSError)
+    known = _FILE_ERRNO.get(exc.errno or 0) or _FILE_ERRNO.get(getattr(exc.__cause__, "errno", 0) or 0)
+    if known is None:
+        return await _other(request, exc)
+    status, rule = known
+    path = request.query_params.get("path")
+    return error_response(status, f"path: {rule}", "path", rule, path)
 
 
 async def _other(request: Request, exc: Exception) -> JSONResponse:
@@ -143,7 +198,9 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(EnvFailedError, _env_failed)
     app.add_exception_handler(StarletteHTTPException, _http)
-    # By class, so the exception middleware answers them (an ``Exception`` handler answers
-    # too, but from the outermost middleware, which then re-raises and logs a traceback).
-    for cls in (ValueError, LookupError, RuntimeError, GpuManagerError, Exception):
+    app.add_exception_handler(OSError, _os_error)
+    # By class, so Starlette's exception middleware answers them; an ``Exception`` handler
+    # would be called from the outermost middleware, which then re-raises (uvicorn logs a
+    # traceback and drops the connection): what no class here matches, the edge answers.
+    for cls in (ValueError, LookupError, RuntimeError, ArithmeticError, GpuManagerError):
         app.add_exception_handler(cls, _other)

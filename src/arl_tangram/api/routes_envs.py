@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
     EnvCreate,
@@ -28,7 +29,7 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.runtime.config import parse_size_bytes
 
-router = APIRouter(prefix="/v1/envs", tags=["envs"])
+router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=JsonBodyRoute)
 PathQuery = Annotated[str, Query(min_length=1, max_length=4096, description="a path in the workspace or /tmp")]
 MAX_FILE_BODY_BYTES = 256 << 20
 

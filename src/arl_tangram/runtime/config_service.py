@@ -1,5 +1,5 @@
 """Shell: the service's sections of the configuration file: ``[service]`` (journal, env
-leases, result retention, the admission bound) and ``[tenants.<name>]`` (API tokens, fair
+leases, result retention, the admission bound, request body caps) and ``[tenants.<name>]`` (API tokens, fair
 share weights, per-tenant limits). ``config`` documents the whole file.
 
 Who calls: ``config.parse_config``; the runtime reads the frozen results.
@@ -24,6 +24,10 @@ class ServiceSettings:
     result_retention_s: float = 3600.0
     max_queued_actions: int = 10000
     request_id_ttl_s: float = 86400.0
+    # request bodies (api.edge): JSON routes, file PUTs, SWE-ReX uploads; past them: 413
+    max_body_bytes: int = 16 << 20
+    max_file_body_bytes: int = 256 << 20
+    max_upload_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ def read_service_settings(t: Table) -> ServiceSettings:
             "max_queued_actions", ServiceSettings.max_queued_actions, minimum=1
         ),
         request_id_ttl_s=t.number("request_id_ttl_s", ServiceSettings.request_id_ttl_s, *positive),
+        max_body_bytes=t.size("max_body_bytes", ServiceSettings.max_body_bytes, minimum=1024),
+        max_file_body_bytes=t.size("max_file_body_bytes", ServiceSettings.max_file_body_bytes, minimum=1024),
+        max_upload_bytes=t.size("max_upload_bytes", ServiceSettings.max_upload_bytes, minimum=1024),
     )
     t.done()
     return config

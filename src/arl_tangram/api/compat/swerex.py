@@ -34,10 +34,12 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from arl_tangram.api.compat.pool import env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
+from arl_tangram.api.json_body import JsonBodyRoute, read_json
 from arl_tangram.api.state import DEFAULT_TENANT, NotFound
+from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
-router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False)  # SWE-ReX's contract
+router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False, route_class=JsonBodyRoute)  # SWE-ReX's contract
 DEFAULT_TIMEOUT_S = 3600.0  # SWE-ReX's ``timeout: None``: no limit of its own; ours is an hour
 MAX_UPLOAD_BYTES = 256 << 20
 MAX_REPLIES = 64
@@ -102,6 +104,14 @@ async def _face(request: Request, env_id: str, work: Any) -> Response:
     return response
 
 
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (422 naming the rule otherwise; parsed off the loop when large)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise SpecError("body", "must be a JSON object", type(body).__name__)
+    return body
+
+
 @router.get("/is_alive")
 async def is_alive(request: Request, env_id: str) -> Response:
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
@@ -127,7 +137,7 @@ def _session(env: SwerexEnv, name: str) -> str:
 
 @router.post("/create_session")
 async def create_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         name = str(body.get("session", "default"))
@@ -152,7 +162,7 @@ async def _in_session(compat: CompatState, tenant: str, internal: str, env: Swer
 
 @router.post("/run_in_session")
 async def run_in_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         name = str(body.get("session", "default"))
@@ -193,7 +203,7 @@ async def _interrupt(compat: CompatState, env: SwerexEnv, name: str) -> dict[str
 
 @router.post("/close_session")
 async def close_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         session_id = _session(env, str(body.get("session", "default")))
@@ -218,7 +228,7 @@ def _argv(body: dict[str, Any]) -> tuple[str, ...]:
 
 @router.post("/execute")
 async def execute(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         timeout_s = float(body.get("timeout") or DEFAULT_TIMEOUT_S)
@@ -239,7 +249,7 @@ async def execute(request: Request, env_id: str) -> Response:
 
 @router.post("/read_file")
 async def read_file(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         data: bytes = await asyncio.to_thread(env_cpu(compat.api, internal).read_file, internal, str(body["path"]))
@@ -250,7 +260,7 @@ async def read_file(request: Request, env_id: str) -> Response:
 
 @router.post("/write_file")
 async def write_file(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         await asyncio.to_thread(env_cpu(compat.api, internal).write_file, internal, str(body["path"]), str(body["content"]))

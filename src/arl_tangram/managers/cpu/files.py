@@ -26,7 +26,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 
-from arl_tangram.managers.cpu.errors import CpuManagerError, InvalidRequestError
+from arl_tangram.managers.cpu.errors import InvalidRequestError
 from arl_tangram.managers.cpu.launch import SandboxLayout
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -81,8 +81,8 @@ def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
 def _mapped(exc: OSError, path: str) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"no such file in the sandbox: {path}")
-    if exc.errno == 28:
-        return CpuManagerError(f"sandbox workspace is full (writing {path})")
+    if exc.errno == 28:  # the tenant's own quota: bad input for this call, not a failure
+        return InvalidRequestError("path", "must fit the sandbox's free space (its workspace or /tmp is full)", path)
     if exc.errno == 40 or isinstance(exc, NotADirectoryError):
         return InvalidRequestError("path", "must not pass through a symlink or a non-directory", path)
     return exc
