@@ -117,7 +117,7 @@ def _frames(ops: Iterator[tuple[tuple[Any, ...], int]]) -> Iterator[list[tuple[A
 
 
 def _read_body(stdin: BinaryIO) -> bytes | None:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         head = stdin.read(4)
         if len(head) < 4:

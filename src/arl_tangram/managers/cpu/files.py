@@ -24,7 +24,7 @@ import os
 import posixpath
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from arl_tangram.managers.cpu.errors import InvalidRequestError
 from arl_tangram.managers.cpu.launch import SandboxLayout
@@ -78,6 +78,11 @@ def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
             os.close(fd)
 
 
+# for modules that stream into a sandbox (spool): the same two safety rules
+as_sandbox_user = _as_sandbox_user
+walk_dir = _walk
+
+
 def _mapped(exc: OSError, path: str) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"no such file in the sandbox: {path}")
@@ -90,14 +95,27 @@ def _mapped(exc: OSError, path: str) -> Exception:
 
 def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
     """Create or atomically replace the file at ``path`` (parents created); O(len(data))."""
+    write_stream(root_fd, layout, path, (data,), len(data), mode)
+
+
+def write_stream(root_fd: int, layout: SandboxLayout, path: str, chunks: Iterable[bytes], cap_bytes: int, mode: int = 0o644) -> int:
+    """``write_file`` from chunks as they come (a streamed upload, a zip member): at most
+    ``cap_bytes`` in all, else nothing is left behind; returns the bytes written."""
     parts = sandbox_path(path, layout)
+    if len(parts) == 1 or "/" + "/".join(parts) == layout.workspace:
+        raise InvalidRequestError("path", f"must name a file below {layout.workspace} or /tmp, not the directory itself", path)
+    written = 0
     try:
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=True) as dfd:
             tmp = f".tangram-tmp-{secrets.token_hex(6)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777, dir_fd=dfd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    for chunk in chunks:
+                        written += len(chunk)
+                        if written > cap_bytes:
+                            raise InvalidRequestError("data", f"must be at most {cap_bytes} bytes", written)
+                        f.write(chunk)
                 os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -105,6 +123,7 @@ def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode
                 raise
     except OSError as exc:
         raise _mapped(exc, path) from exc
+    return written
 
 
 def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, max_bytes: int | None = None) -> bytes:

@@ -56,6 +56,7 @@ from arl_tangram.managers.cpu.proc_io import OutputSink
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
+from arl_tangram.managers.cpu.spool import Spool
 from arl_tangram.managers.cpu.topology import CpuTopology, read_topology
 from arl_tangram.managers.cpu.transfer import Transfers
 
@@ -437,6 +438,11 @@ class CpuManager:
     def read_file(self, sandbox_id: str, path: str, max_bytes: int | None = None) -> bytes:
         """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
         return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
+
+    def open_spool(self, sandbox_id: str) -> Spool:
+        """A streamed upload into the sandbox, spooled in its own /tmp (see ``spool``);
+        the caller closes it."""
+        return Spool(self.get_sandbox(sandbox_id), self.config.max_file_bytes)
 
     def upload(self, sandbox_id: str, host_path: str, path: str) -> int:
         """Copy a host file or directory tree into the sandbox; returns the files copied."""
