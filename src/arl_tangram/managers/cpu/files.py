@@ -158,6 +158,16 @@ def is_regular(root_fd: int, layout: SandboxLayout, path: str) -> bool:
         raise _mapped(exc, path) from exc
 
 
+def require_dir(root_fd: int, layout: SandboxLayout, path: str, field: str) -> None:
+    """``InvalidRequestError`` naming ``field`` unless ``path`` is a directory (no link followed)."""
+    parts = sandbox_path(path, layout, field)
+    try:
+        with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts, create=False):
+            return
+    except OSError:
+        raise InvalidRequestError(field, "must name an existing directory in the sandbox (no symlink on the way)", path) from None
+
+
 def list_tree(root_fd: int, layout: SandboxLayout, path: str) -> list[tuple[str, bool]]:
     """(relative path, is_dir) of everything below directory ``path``, parents first
     (regular files and directories only)."""

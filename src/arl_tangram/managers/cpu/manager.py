@@ -456,8 +456,12 @@ class CpuManager:
 
     # -- sessions (see session_runner) ----------------------------------------------------
     def open_session(self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
-        """Start a persistent bash in the sandbox; returns its session id."""
-        return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd))
+        """Start a persistent bash in the sandbox; returns its session id. ``cwd`` must be
+        an existing directory (else ``InvalidRequestError`` naming it, before bash starts)."""
+        where = self._cwd(cwd)
+        if cwd is not None:
+            self.transfers.require_dir(self.get_sandbox(sandbox_id), where, "cwd")
+        return self.sessions.open(sandbox_id, validate_env(env), where)
 
     def run_in_session(
         self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,
