@@ -185,3 +185,13 @@ def test_an_unexpected_error_is_a_500_without_internals_and_keeps_the_connection
     finally:
         conn.close()
         server.stop()
+
+
+def test_large_json_bodies_reach_the_routes_through_the_json_worker(server: ServerThread) -> None:
+    big = {"type": "service", "service": "no/such-service", "request": {"texts": ["x" * (1 << 20)] * 3}}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/v1/actions", json=big)
+        assert r.status_code in (404, 422) and r.json()["field"] == "service", r.text
+        r = c.post("/v1/envs", json={"memory": "128MiB", "trajectory_id": "t" * (1 << 20)})
+        assert r.status_code == 422 and r.json()["field"] == "trajectory_id", r.text
+    assert server.app.state.json_workers.num_parsed == 2
