@@ -134,10 +134,12 @@ def test_file_session_and_json_errors_are_4xx_naming_the_field_on_one_connection
         files = f"/v1/envs/{env['env_id']}/files?path="
         cases = [
             ("GET", files + "missing.txt", None, None, 404, "path"),
-            ("GET", files + "/tmp", None, None, 422, "path"),
-            ("PUT", files + ".", None, b"x", 422, "path"),
+            ("GET", files + "/tmp", None, None, 409, "path"),
+            ("PUT", files + ".", None, b"x", 409, "path"),
             ("PUT", files + "/etc/passwd", None, b"x", 422, "path"),
-            ("POST", f"/v1/envs/{env['env_id']}/sessions", {"cwd": "/workspace/missing"}, None, 422, "cwd"),
+            ("POST", f"/v1/envs/{env['env_id']}/sessions", {"cwd": "/workspace/missing"}, None, 409, "cwd"),
+            ("POST", f"/v1/envs/{env['env_id']}/sessions", {"cwd": "/etc"}, None, 422, "cwd"),
+            ("POST", "/v1/envs", {"env_id": env["env_id"]}, None, 409, "env_id"),
             ("POST", f"/swerex/{env['env_id']}/execute", None, b"[" * 10000 + b"]" * 10000, 422, "body"),
             ("POST", "/v1/envs", None, b"[" * 10000 + b"]" * 10000, 422, "body"),
             # over the small-body size: parsed by the JSON worker, same rule

@@ -34,7 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-DEFAULT_MAX_FILE_BODY_BYTES = 256 << 20
+DEFAULT_MAX_FILE_BODY_BYTES = 64 << 20  # the CPU manager's default max_file_bytes: a larger file is never written
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
 
 

@@ -6,8 +6,9 @@
   env whose lease ran out: 410 saying so;
 - a per-tenant limit (``TenantLimitError``): 429; a full queue (``Overloaded`` here, the
   runtime's ``OverloadedError``) or a service shutting down: 503; both with ``Retry-After``;
-- a file call's OS error: the path named, as 404 (no such file) or 422 (a directory, not
-  writable, no room);
+- input that is well-formed but that the target's state refuses (a duplicate id, a
+  directory where a file must be, no such directory, a full workspace): 409 naming the
+  field; a file call's OS error: the path named, 404 (no such file) or 409;
 - a body past its cap: 413 (``api.edge``); a method the path does not take: 405 with
   ``Allow`` listing the methods it does take;
 - a duplicate name: 409; anything else: 500, logged, without internals in the body (the
@@ -71,7 +72,9 @@ _ACTION_TYPES = ("exec", "code", "service", "api", "noop")
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):  # where, not which
+        loc = loc[1:]
+    parts = [str(p) for p in loc]
     if len(parts) > 1 and parts[0] in _ACTION_TYPES:  # the discriminated union's chosen member
         parts = parts[1:]
     return ".".join(p for p in parts if not _TYPE_TAG.match(p)) or (parts[0] if parts else "body")
@@ -96,6 +99,8 @@ async def _spec_error(_request: Request, exc: Exception) -> JSONResponse:
     field, rule = getattr(exc, "field", ""), getattr(exc, "rule", str(exc))
     value = getattr(exc, "value", None)
     retry_after_s = getattr(exc, "retry_after_s", None)
+    if type(exc).__name__ in ("ConflictError", "Conflict"):  # the target's state, not the input's shape
+        return error_response(409, str(exc), field, rule, value)
     if type(exc).__name__ == "TenantLimitError":
         _count_refusal(_request, 429)
         return error_response(429, str(exc), field, rule, value, retry_after_s=retry_after_s or 1.0)
@@ -152,13 +157,13 @@ def _allowed_methods(request: Request) -> list[str]:
 # errno -> (status, rule) of a file call's OS error: the tenant's own path, never a 500
 _FILE_ERRNO = {
     errno.ENOENT: (404, "must name an existing file (or a directory to create it in)"),
-    errno.EISDIR: (422, "must name a regular file, not a directory"),
-    errno.ENOTDIR: (422, "must not pass through a non-directory"),
-    errno.ELOOP: (422, "must not pass through a symlink"),
-    errno.EROFS: (422, "must name a file below /workspace or /tmp (not a read-only place)"),
-    errno.EACCES: (422, "must name a file the sandbox user may access"),
-    errno.EPERM: (422, "must name a file the sandbox user may access"),
-    errno.ENOSPC: (422, "must fit the sandbox's free space"),
+    errno.EISDIR: (409, "must name a regular file, not a directory"),
+    errno.ENOTDIR: (409, "must not pass through a non-directory"),
+    errno.ELOOP: (409, "must not pass through a symlink"),
+    errno.EROFS: (409, "must name a file below /workspace or /tmp (not a read-only place)"),
+    errno.EACCES: (409, "must name a file the sandbox user may access"),
+    errno.EPERM: (409, "must name a file the sandbox user may access"),
+    errno.ENOSPC: (409, "must fit the sandbox's free space"),
     errno.ENAMETOOLONG: (422, "must have components of at most 255 bytes"),
 }
 

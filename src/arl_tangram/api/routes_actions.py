@@ -148,13 +148,14 @@ def _wait_s(request: Request) -> float:
 
 
 def _request_id(request: Request) -> str | None:
-    for name in ("idempotency-key", "x-request-id"):
+    found = None
+    for name in ("idempotency-key", "x-request-id"):  # both checked: both are documented
         value = request.headers.get(name)
         if value is not None:
             if len(value) > 128:
                 raise SpecError(name, "must be at most 128 characters", value[:32])
-            return value
-    return None
+            found = found if found is not None else value
+    return found
 
 
 @router.post("", response_model=ActionView, status_code=201, responses=ERROR_RESPONSES, openapi_extra=SUBMIT_DOC)

@@ -50,9 +50,17 @@ class EnvList(BaseModel):
     envs: list[EnvView]
 
 
+# A path in a sandbox: relative to /workspace, or absolute under /workspace or /tmp; no
+# ".." component, components of 1-255 bytes without NUL (the rule files.sandbox_path and the
+# kernel apply, in the schema). Written without lookarounds so every regex engine takes it.
+_SEGMENT = r"(?:[^/.\x00][^/\x00]{0,254}|\.[^/.\x00][^/\x00]{0,253}|\.\.[^/\x00]{1,253}|\.)"
+SANDBOX_PATH_PATTERN = rf"^(?:/(?:workspace|tmp)(?:/{_SEGMENT})*|{_SEGMENT}(?:/{_SEGMENT})*)/?$"
+SandboxPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN)]
+
+
 class SessionCreate(_Strict):
     env: dict[str, str] | None = None
-    cwd: str | None = Field(None, max_length=4096)
+    cwd: SandboxPath | None = None
 
 
 class SessionView(BaseModel):
@@ -248,5 +256,5 @@ class StatusView(BaseModel):
 
 #: the error answers every route documents (all with ``ErrorBody``)
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 409, 410, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (401, 404, 409, 410, 413, 422, 429, 503)
 }

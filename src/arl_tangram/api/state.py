@@ -47,6 +47,10 @@ class NotFound(LookupError):
         self.value = value
 
 
+class Conflict(SpecError):
+    """Well-formed input that the current state refuses (a duplicate id): always a 409."""
+
+
 class Gone(LookupError):
     """The tenant's own env was released because its lease ran out: 410, saying when."""
 

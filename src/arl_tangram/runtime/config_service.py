@@ -26,7 +26,7 @@ class ServiceSettings:
     request_id_ttl_s: float = 86400.0
     # request bodies (api.edge): JSON routes, file PUTs, SWE-ReX uploads; past them: 413
     max_body_bytes: int = 16 << 20
-    max_file_body_bytes: int = 256 << 20
+    max_file_body_bytes: int = 64 << 20
     max_upload_bytes: int = 256 << 20
 
 

@@ -26,7 +26,7 @@ import secrets
 import stat
 from collections.abc import Iterable, Iterator
 
-from arl_tangram.managers.cpu.errors import InvalidRequestError
+from arl_tangram.managers.cpu.errors import ConflictError, InvalidRequestError
 from arl_tangram.managers.cpu.launch import SandboxLayout
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -87,9 +87,9 @@ def _mapped(exc: OSError, path: str) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"no such file in the sandbox: {path}")
     if exc.errno == 28:  # the tenant's own quota: bad input for this call, not a failure
-        return InvalidRequestError("path", "must fit the sandbox's free space (its workspace or /tmp is full)", path)
+        return ConflictError("path", "must fit the sandbox's free space (its workspace or /tmp is full)", path)
     if exc.errno == 40 or isinstance(exc, NotADirectoryError):
-        return InvalidRequestError("path", "must not pass through a symlink or a non-directory", path)
+        return ConflictError("path", "must not pass through a symlink or a non-directory", path)
     return exc
 
 
@@ -103,7 +103,7 @@ def write_stream(root_fd: int, layout: SandboxLayout, path: str, chunks: Iterabl
     ``cap_bytes`` in all, else nothing is left behind; returns the bytes written."""
     parts = sandbox_path(path, layout)
     if len(parts) == 1 or "/" + "/".join(parts) == layout.workspace:
-        raise InvalidRequestError("path", f"must name a file below {layout.workspace} or /tmp, not the directory itself", path)
+        raise ConflictError("path", f"must name a file below {layout.workspace} or /tmp, not the directory itself", path)
     written = 0
     try:
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts[:-1], create=True) as dfd:
@@ -136,13 +136,13 @@ def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, ma
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise InvalidRequestError("path", "must name a regular file", path)
+                    raise ConflictError("path", "must name a regular file", path)
                 want = cap_bytes if max_bytes is None else min(max_bytes, cap_bytes)
                 if max_bytes is None and st.st_size > cap_bytes:
-                    raise InvalidRequestError("path", f"file is {st.st_size} bytes, over the cap of {cap_bytes} (config.max_file_bytes)", path)
+                    raise ConflictError("path", f"file is {st.st_size} bytes, over the cap of {cap_bytes} (config.max_file_bytes)", path)
                 data = f.read(want + 1)
                 if len(data) > want and max_bytes is None:
-                    raise InvalidRequestError("path", f"file grew over the cap of {cap_bytes} bytes while read", path)
+                    raise ConflictError("path", f"file grew over the cap of {cap_bytes} bytes while read", path)
                 return data[:want]
     except OSError as exc:
         raise _mapped(exc, path) from exc
@@ -165,7 +165,7 @@ def require_dir(root_fd: int, layout: SandboxLayout, path: str, field: str) -> N
         with _as_sandbox_user(layout), _walk(f"/proc/self/fd/{root_fd}", parts, create=False):
             return
     except OSError:
-        raise InvalidRequestError(field, "must name an existing directory in the sandbox (no symlink on the way)", path) from None
+        raise ConflictError(field, "must name an existing directory in the sandbox (no symlink on the way)", path) from None
 
 
 def list_tree(root_fd: int, layout: SandboxLayout, path: str) -> list[tuple[str, bool]]:

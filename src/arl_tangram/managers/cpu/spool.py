@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from arl_tangram.managers.cpu import files
-from arl_tangram.managers.cpu.errors import InvalidRequestError
+from arl_tangram.managers.cpu.errors import ConflictError, InvalidRequestError
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 _CHUNK_BYTES = 1 << 20
@@ -55,7 +55,7 @@ class Spool:
                 view = view[os.write(self._fd, view) :]
         except OSError as exc:
             if exc.errno == 28:
-                raise InvalidRequestError("file", "must fit the sandbox's free space in /tmp (the upload is spooled there)", self.size) from None
+                raise ConflictError("file", "must fit the sandbox's free space in /tmp (the upload is spooled there)", self.size) from None
             raise
 
     def place(self, target: str, unzip: bool, max_total_bytes: int) -> int:
