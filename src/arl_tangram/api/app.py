@@ -22,6 +22,7 @@ from arl_tangram.api import errors, routes_actions, routes_envs, routes_services
 from arl_tangram.api.auth import document_bearer, tokens_from_config
 from arl_tangram.api.edge import BodyLimits, BodyMeter, Edge
 from arl_tangram.api.json_body import JsonWorkers
+from arl_tangram.api.schemas import CROSS_FIELD_RULES
 from arl_tangram.api.state import (
     DEFAULT_CREATE_TIMEOUT_S,
     DEFAULT_MAX_QUEUED_ACTIONS,
@@ -88,9 +89,22 @@ def create_app(
     app.add_middleware(Edge, meter=app.state.body_meter)
     action_schema = routes_actions.ACTION_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
     document_bearer(app, {"ActionCreate": action_schema})
+    _document_cross_field_rules(app)
     for module in (routes_envs, routes_actions, routes_services, routes_system):
         app.include_router(module.router)
     return app
+
+
+def _document_cross_field_rules(app: FastAPI) -> None:
+    """``info.x-cross-field-rules``: the rules between fields JSON Schema cannot state."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = original()
+        schema["info"].setdefault("x-cross-field-rules", list(CROSS_FIELD_RULES))
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _setting(explicit: Any, config: TangramConfig, name: str, default: Any) -> Any:

@@ -56,7 +56,7 @@ async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str,
     mem_bytes = parse_size_bytes(body.memory, "memory")
     largest = state.max_env_mem_bytes()
     if mem_bytes > largest:
-        raise SpecError("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
+        raise Conflict("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
     sandbox = SandboxSpec(mem_bytes, body.pids_max, parse_size_bytes(body.workspace, "workspace"), parse_size_bytes(body.tmp, "tmp"))
     external = body.env_id or new_id("env")
     internal = state.scoped(tenant, external)
