@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import select
-import socket
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +17,7 @@ from arl_tangram.api import create_app
 from arl_tangram.api.compat import mount_compat
 from arl_tangram.api.edge import BodyLimits
 from arl_tangram.api.server import ServerThread
+from arl_tangram.bench.service import chunked_until_answered
 
 pytestmark = pytest.mark.usefixtures("sandbox_host")
 TOKEN = "tok-edge-a"
@@ -38,35 +37,6 @@ def guarded() -> Iterator[ServerThread]:
 
 def bytes_read(server: ServerThread) -> int:
     return int(server.app.state.body_meter.bytes_read)
-
-
-def chunked_until_answered(url: str, path: str, headers: dict[str, str], total_bytes: int) -> tuple[int, int]:
-    """Send a chunked body of up to ``total_bytes`` (64 KiB chunks) until the server answers;
-    (status, bytes sent)."""
-    parts = urlsplit(url)
-    sock = socket.create_connection((parts.hostname, parts.port))
-    try:
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-        sock.sendall(head.encode())
-        chunk = b"10000\r\n" + b"a" * 0x10000 + b"\r\n"
-        sent = 0
-        sock.setblocking(False)
-        while True:
-            readable, writable, _ = select.select([sock], [sock] if sent < total_bytes else [], [], 10)
-            if readable:
-                break
-            if not writable:
-                raise AssertionError("no answer within 10 s")
-            try:
-                sent += max(0, sock.send(chunk) - 8)  # may be partial: good enough for a count
-            except BlockingIOError:
-                continue
-        sock.setblocking(True)
-        answer = sock.recv(65536).decode("latin-1")
-        return int(answer.split(" ", 2)[1]), sent
-    finally:
-        sock.close()
 
 
 def test_a_body_without_a_credential_is_refused_before_it_is_read(guarded: ServerThread) -> None:

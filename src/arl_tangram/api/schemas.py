@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 #: client-chosen ids: the tenant prefix and a dot are added internally, within 64 characters
 ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,46}$"
@@ -23,9 +23,11 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
 
 
-#: an integer as JSON Schema means it (strict otherwise: "4" and true are refused)
+#: an integer as JSON Schema means it (strict otherwise: "4" and true are refused); where
+#: it carries bounds of its own, the ``Field`` goes before the validator (else the schema
+#: shows pydantic's "ge" instead of "minimum")
 JsonInt = Annotated[int, BeforeValidator(_integral)]
-Size = Annotated[JsonInt, Field(ge=1)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
+Size = Annotated[int, Field(ge=1), BeforeValidator(_integral)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
 # sizes with the CPU manager's minimums in the schema: >= 1 MiB (workspace, tmp), >= 16 MiB (memory)
 _NUM = r"0*[1-9]\d*(?:\.\d+)?\s*"
 _BIG_UNIT = r"(?:[GgTt]i?[Bb])"
@@ -33,8 +35,8 @@ MIB_SIZE_PATTERN = rf"^\s*(?:{_NUM}(?:[Mm]i[Bb]|{_BIG_UNIT})|0*[1-9]\d+(?:\.\d+)
 _AT_LEAST_16 = r"0*(?:1[6-9]|[2-9]\d|[1-9]\d{2,})(?:\.\d+)?\s*"
 _AT_LEAST_17 = r"0*(?:1[7-9]|[2-9]\d|[1-9]\d{2,})(?:\.\d+)?\s*"
 MEM_SIZE_PATTERN = rf"^\s*(?:{_AT_LEAST_16}[Mm]i[Bb]|{_AT_LEAST_17}[Mm][Bb]|{_NUM}{_BIG_UNIT})\s*$"
-MibSize = Annotated[JsonInt, Field(ge=1 << 20)] | Annotated[str, Field(pattern=MIB_SIZE_PATTERN, max_length=32)]
-MemSize = Annotated[JsonInt, Field(ge=16 << 20)] | Annotated[str, Field(pattern=MEM_SIZE_PATTERN, max_length=32)]
+MibSize = Annotated[int, Field(ge=1 << 20), BeforeValidator(_integral)] | Annotated[str, Field(pattern=MIB_SIZE_PATTERN, max_length=32)]
+MemSize = Annotated[int, Field(ge=16 << 20), BeforeValidator(_integral)] | Annotated[str, Field(pattern=MEM_SIZE_PATTERN, max_length=32)]
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 #: Rules between fields that JSON Schema cannot state; the schema lists them under
@@ -84,11 +86,30 @@ class EnvList(BaseModel):
 # kernel apply, in the schema). Written without lookarounds so every regex engine takes it.
 _SEGMENT = r"(?:[^/.\x00][^/\x00]{0,254}|\.[^/.\x00][^/\x00]{0,253}|\.\.[^/\x00]{1,253}|\.)"
 SANDBOX_PATH_PATTERN = rf"^(?:/(?:workspace|tmp)(?:/{_SEGMENT})*|{_SEGMENT}(?:/{_SEGMENT})*)/?$"
+# environment variables: the rule validate_env applies, in the schema (JSON Schema's own
+# words for "every key"; pydantic would write patternProperties, which lets other keys by)
+def _env_rule(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"names must be non-empty, without '=' or NUL (got {key[:64]!r})")
+        if "\0" in value:
+            raise ValueError(f"values must be without NUL (the value of {key[:64]!r})")
+    return env
+
+
+EnvVars = Annotated[
+    dict[str, str],
+    AfterValidator(_env_rule),
+    WithJsonSchema({
+        "type": "object", "propertyNames": {"minLength": 1, "pattern": "^[^=\\x00]+$"},
+        "additionalProperties": {"type": "string", "pattern": "^[^\\x00]*$"},
+    }),
+]  # fmt: skip
 SandboxPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN)]
 
 
 class SessionCreate(_Strict):
-    env: dict[str, str] | None = None
+    env: EnvVars | None = None
     cwd: SandboxPath | None = None
 
 
@@ -136,7 +157,7 @@ class ExecAction(_ActionBase):
     command: Annotated[str, Field(min_length=1, max_length=1 << 20)] | Annotated[list[str], Field(min_length=1, max_length=4096)]
     stdin: str | None = Field(None, max_length=16 << 20)
     stdin_b64: str | None = Field(None, max_length=22 << 20, pattern=BASE64_PATTERN)
-    env: dict[str, str] | None = None
+    env: EnvVars | None = None
     cwd: str | None = Field(None, max_length=4096)
     session_id: str | None = Field(None, max_length=128)
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
@@ -172,7 +193,7 @@ class ApiAction(_ActionBase):
     path: str = Field("/", pattern=r"^/", max_length=4096)
     json_body: Any = Field(None, alias="json")
     params: dict[str, str] | None = None
-    tokens: JsonInt | None = Field(None, ge=0)
+    tokens: Annotated[int, Field(ge=0), BeforeValidator(_integral)] | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
