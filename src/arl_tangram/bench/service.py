@@ -58,7 +58,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def probe_health(url: str, until: Any, period_s: float = 0.005) -> list[float]:
     """Health round trips (ms) on one keep-alive connection while ``until()`` is false."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
     samples: list[float] = []
     try:
         while not until():
