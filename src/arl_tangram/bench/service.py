@@ -8,9 +8,9 @@
   to 256 MiB: a service action whose request holds 100 strings of 1 MB (a batch to score),
   naming no service, so the server parses and validates it (off the loop: ``api.json_body``)
   and answers 404/422. ``big_body_s_mean``: one body's round trip.
-- ``unauth_upload_bytes_read``: body bytes the app read (its own count, ``app.state.
-  body_meter``) for an unauthenticated 300 MiB chunked upload to ``/swerex/<id>/upload``
-  (an in-process server with a token; the target is at most 64 KiB).
+- (the body bytes an unauthenticated upload gets read, by the app's own count, is asserted
+  by ``tests/api/test_edge.py``: ``bench`` may not import ``api``; ``chunked_until_answered``
+  here is the client both use.)
 - with ``--fuzz-examples N``: ``fuzz_rc`` (0: no failure) and ``fuzz_examples`` of the
   schemathesis run of ``bench.service_fuzz`` (the suite runs it with 10).
 """
@@ -129,33 +129,15 @@ def chunked_until_answered(url: str, path: str, headers: dict[str, str], total_b
         sock.close()
 
 
-def unauthenticated_upload() -> dict[str, Any]:
-    from arl_tangram.api import create_app
-    from arl_tangram.api.compat import mount_compat
-    from arl_tangram.api.server import ServerThread
-
-    app = create_app(None, tokens={"bench-token": "bench"})
-    mount_compat(app)
-    server = ServerThread(app).start()
-    try:
-        before = app.state.body_meter.bytes_read
-        form = {"content-type": "multipart/form-data; boundary=b"}
-        status, sent = chunked_until_answered(server.url, "/swerex/env-x/upload", form, 300 << 20)
-        return {"unauth_upload_status": status, "unauth_upload_bytes_read": app.state.body_meter.bytes_read - before, "unauth_upload_bytes_sent": sent}
-    finally:
-        server.stop()
-
-
 def fuzz(examples: int) -> dict[str, Any]:
-    from arl_tangram.api import create_app
-    from arl_tangram.api.server import ServerThread
     from arl_tangram.bench.service_fuzz import run_fuzz
 
-    server = ServerThread(create_app(None, create_timeout_s=2.0, max_queued_actions=64)).start()
-    try:
-        result = run_fuzz(server.url, max_examples=examples, timeout_s=3600)
-    finally:
-        server.stop()
+    with tempfile.TemporaryDirectory(prefix=f"arl-tangram-{os.getpid()}-fuzz-") as tmp:
+        config = os.path.join(tmp, "service.toml")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write("[service]\nmax_queued_actions = 64\n")
+        with server_process(extra_args=("--config", config)) as url:
+            result = run_fuzz(url, max_examples=examples, timeout_s=3600)
     if result.rc != 0:
         print(result.summary, file=sys.stderr)
     return {"fuzz_rc": result.rc, "fuzz_examples": examples}
@@ -169,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fuzz-examples", type=int, default=0, help="also fuzz the schema with N examples per route")
     args = parser.parse_args(argv)
     print("bench service: measuring...", file=sys.stderr)
-    result = {**big_bodies(args.bodies, args.body_mb), **unauthenticated_upload()}
+    result = big_bodies(args.bodies, args.body_mb)
     if args.fuzz_examples > 0:
         result.update(fuzz(args.fuzz_examples))
     if args.json:
