@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +49,11 @@ def run_fuzz(url: str, *, max_examples: int, seed: int = SEED, timeout_s: float 
     for name in EXCLUDED:
         argv += ["--exclude-name", name]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "arl_tangram.bench.fuzz_hooks", "NO_COLOR": "1"}
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return FuzzResult(124, out)
+    # its own working directory: schemathesis keeps a cache (.schemathesis/) where it runs
+    with tempfile.TemporaryDirectory(prefix=f"arl-tangram-{os.getpid()}-fuzz-") as cwd:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd, check=False)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return FuzzResult(124, out)
     return FuzzResult(done.returncode, done.stdout + done.stderr)
