@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.registration import allowed_folder, allowed_module
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
@@ -32,7 +33,7 @@ from arl_tangram.api.state import ApiState, NotFound
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.config import ServiceConfig, ServiceSettings
 
-router = APIRouter(prefix="/v1", tags=["services"])
+router = APIRouter(prefix="/v1", tags=["services"], route_class=JsonBodyRoute)
 
 
 def _gpu_services(state: ApiState) -> dict[str, Any]:

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Request, Response
 
 from arl_tangram import __version__
 from arl_tangram.api.auth import State, Tenant, tenant_of
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.metrics import CONTENT_TYPE, take_snapshot
 from arl_tangram.api.schemas import ERROR_RESPONSES, Health, StatusView
 
-router = APIRouter(tags=["service"])
+router = APIRouter(tags=["service"], route_class=JsonBodyRoute)
 
 
 @router.get("/v1/health", response_model=Health)

@@ -1,7 +1,7 @@
 """Shell: the service's sections of the configuration file: ``[service]`` (journal, env
 leases, result retention, the admission bound, what tenants may register, the metrics
-token, the shutdown grace) and ``[tenants.<name>]`` (API tokens, fair share weights,
-per-tenant limits). ``config`` documents the whole file.
+token, the shutdown grace, request body caps) and ``[tenants.<name>]`` (API tokens, fair
+share weights, per-tenant limits). ``config`` documents the whole file.
 
 Who calls: ``config.parse_config``; the runtime reads the frozen results.
 """
@@ -40,6 +40,10 @@ class ServiceSettings:
     allowed_folders: tuple[str, ...] = ()
     metrics_token: str | None = field(default=None, repr=False)
     shutdown_grace_s: float = 10.0
+    # request bodies (api.edge): JSON routes, file PUTs, SWE-ReX uploads; past them: 413
+    max_body_bytes: int = 16 << 20
+    max_file_body_bytes: int = 64 << 20
+    max_upload_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ def read_service_settings(t: Table, environ: Mapping[str, str] | None = None) ->
             "shutdown_grace_s", ServiceSettings.shutdown_grace_s, lambda v: 0 < v <= MAX_SHUTDOWN_GRACE_S,
             f"in (0, {MAX_SHUTDOWN_GRACE_S:g}]",
         ),
+        max_body_bytes=t.size("max_body_bytes", ServiceSettings.max_body_bytes, minimum=1024),
+        max_file_body_bytes=t.size("max_file_body_bytes", ServiceSettings.max_file_body_bytes, minimum=1024),
+        max_upload_bytes=t.size("max_upload_bytes", ServiceSettings.max_upload_bytes, minimum=1024),
     )
     t.done()
     return config

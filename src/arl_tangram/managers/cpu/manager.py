@@ -56,6 +56,7 @@ from arl_tangram.managers.cpu.proc_io import OutputSink
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
+from arl_tangram.managers.cpu.spool import Spool
 from arl_tangram.managers.cpu.topology import CpuTopology, read_topology
 from arl_tangram.managers.cpu.transfer import Transfers
 
@@ -438,6 +439,11 @@ class CpuManager:
         """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
         return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
 
+    def open_spool(self, sandbox_id: str) -> Spool:
+        """A streamed upload into the sandbox, spooled in its own /tmp (see ``spool``);
+        the caller closes it."""
+        return Spool(self.get_sandbox(sandbox_id), self.config.max_file_bytes)
+
     def upload(self, sandbox_id: str, host_path: str, path: str) -> int:
         """Copy a host file or directory tree into the sandbox; returns the files copied."""
         if not os.path.exists(host_path):
@@ -450,8 +456,12 @@ class CpuManager:
 
     # -- sessions (see session_runner) ----------------------------------------------------
     def open_session(self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
-        """Start a persistent bash in the sandbox; returns its session id."""
-        return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd))
+        """Start a persistent bash in the sandbox; returns its session id. ``cwd`` must be
+        an existing directory (else ``InvalidRequestError`` naming it, before bash starts)."""
+        where = self._cwd(cwd)
+        if cwd is not None:
+            self.transfers.require_dir(self.get_sandbox(sandbox_id), where, "cwd")
+        return self.sessions.open(sandbox_id, validate_env(env), where)
 
     def run_in_session(
         self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,
