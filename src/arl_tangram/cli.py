@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray", "images")
+BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray", "service", "images")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 CLIENT_COMMANDS = ("status", "env", "exec", "service", "image")
@@ -74,8 +74,8 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     svc.add_argument("action", choices=("register", "list"))
     svc.add_argument("name", nargs="?")
     svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify"))
-    svc.add_argument("--folder")
-    svc.add_argument("--module")
+    svc.add_argument("--folder", help="a model folder the server's [service] allowed_folders lists (or one inside it)")
+    svc.add_argument("--module", help="a pkg.mod:factory the server's [service] allowed_modules lists")
     from arl_tangram.cli_images import add_parser
 
     add_parser(sub, common)

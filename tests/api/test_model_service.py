@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from arl_tangram.runtime.config import GpuConfig, ServiceConfig, TangramConfig
+from arl_tangram.runtime.config import GpuConfig, ServiceConfig, ServiceSettings, TangramConfig
 from tests.api.conftest import serving
 
 pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
@@ -28,6 +28,7 @@ async def test_minilm_shared_by_the_operator_and_private_to_a_tenant(sandbox_hos
     config = TangramConfig(
         gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20),
         services=(ServiceConfig("reward/minilm", "score", folder=folder),),
+        service=ServiceSettings(allowed_folders=(folder,)),  # tenants may register it too
     )
     with serving(config, tokens={"tok-a": "alice", "tok-b": "bob"}) as server:
         alice = httpx.AsyncClient(base_url=server.url, headers={"Authorization": "Bearer tok-a"}, timeout=180)

@@ -15,7 +15,7 @@ import pytest
 import arl_tangram
 from arl_tangram.client import AsyncClient, Elastic, SpecError
 from arl_tangram.managers.api.config import ProviderConfig
-from arl_tangram.runtime.config import GpuConfig, SchedulerConfig, TangramConfig
+from arl_tangram.runtime.config import GpuConfig, SchedulerConfig, ServiceSettings, TangramConfig
 from arl_tangram.runtime.controller import EnvFailedError
 from tests.client.conftest import controller_of, serving
 from tests.managers.api.provider_server import serve_provider
@@ -185,7 +185,9 @@ def test_the_synchronous_client_over_http() -> None:
 async def test_a_real_reward_model_served_as_a_gpu_service(connector: Connector) -> None:
     from arl_tangram.managers.gpu.models import minilm_path
 
-    config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
+    # over HTTP a folder must be one the operator allows; in process the caller is the operator
+    allowed = ServiceSettings(allowed_folders=(str(minilm_path()),))
+    config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20), service=allowed)
     async with connector(config) as tg:
         await tg.register_service("reward/minilm", handler="score", folder=str(minilm_path()))
         same, other = await asyncio.gather(
@@ -210,7 +212,8 @@ async def test_a_real_reward_model_served_as_a_gpu_service(connector: Connector)
 async def test_a_model_that_cannot_fit_a_device_is_refused_at_registration(connector: Connector) -> None:
     from arl_tangram.managers.gpu.models import minilm_path
 
-    config = TangramConfig(gpu=GpuConfig(devices=2, device_mem_bytes=64 << 20))  # fits two, not one
+    allowed = ServiceSettings(allowed_folders=(str(minilm_path()),))
+    config = TangramConfig(gpu=GpuConfig(devices=2, device_mem_bytes=64 << 20), service=allowed)  # fits two, not one
     async with connector(config) as tg:
         with pytest.raises(SpecError, match="devices_min"):
             await tg.register_service("reward/minilm", handler="score", folder=str(minilm_path()))

@@ -155,3 +155,29 @@ def test_a_burst_beyond_the_nodes_memory_waits_for_sandboxes_and_evicts_idle_one
         time.sleep(0.5)  # their resets end: up to 3 idle sandboxes hold the memory now
         big = httpx.post(f"{s.url}/run_code", json={"code": "print('big')", "memory_limit_MB": node_mb * 2 // 3}, timeout=60)
         assert big.json()["run_result"]["stdout"] == "big\n"  # idle sandboxes of another size were evicted
+
+
+def test_a_sandbox_whose_reset_fails_is_retired_not_reused() -> None:
+    """A run leaves a file the reset cannot remove (its directory made unwritable): the reset
+    fails, the sandbox is destroyed, and the next run gets a new, clean one. One sandbox at
+    most, so a dirty one going back to the pool would be the next run's."""
+    needs_sandbox_host()
+
+    def pool_envs(s: ServerThread) -> set[str]:
+        return {e["env_id"] for e in httpx.get(f"{s.url}/v1/envs").json()["envs"] if e["env_id"].startswith("pool-")}
+
+    listing = "import os\nprint(sorted(set(os.listdir('.')) - {'main.py'}))\n"  # the run's own code file
+    dirty = (
+        listing + "os.makedirs('locked/inner')\n"
+        "open('locked/inner/f', 'w').write('x')\nos.chmod('locked/inner', 0o555)"
+    )
+    with serve_compat(max_envs=1, max_idle=1) as s:
+        first = httpx.post(f"{s.url}/run_code", json={"code": dirty}, timeout=60).json()
+        assert first["status"] == "Success" and first["run_result"]["stdout"] == "[]\n", first
+        used = pool_envs(s)
+        deadline = time.monotonic() + 20
+        while pool_envs(s) & used and time.monotonic() < deadline:
+            time.sleep(0.1)  # the reset runs after the answer, off the caller's path
+        assert not pool_envs(s) & used, "the sandbox that failed its reset is still held"
+        again = httpx.post(f"{s.url}/run_code", json={"code": listing}, timeout=60).json()
+        assert again["run_result"]["stdout"] == "[]\n", again  # a new sandbox: nothing left over

@@ -153,6 +153,7 @@ PROVIDER = 'name = "p"\nbase_url = "http://127.0.0.1:9"\nkeys = ["k"]\n'
         ('[cpu]\nmem_bytes = "2 gigs"\n', "cpu.mem_bytes", "size such as"),
         ('[cpu]\nmem_bytes = "1MiB"\n', "cpu.mem_bytes", ">= 16777216 bytes"),
         ("[cpu]\npids_max = 2\n", "cpu.pids_max", "must be an integer >= 8"),
+        ("[cpu]\nkill_grace_s = 0\n", "cpu.kill_grace_s", "in (0, 60]"),
         ("[gpu]\ndevices = 3\n", "gpu.devices", '"auto" or a count'),
         ('[gpu]\ndevices = "cuda"\n', "gpu.devices", '"auto" or a count'),
         ("[gpu]\nmem_fraction = 1.5\n", "gpu.mem_fraction", "in (0, 1]"),

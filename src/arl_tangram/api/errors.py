@@ -2,17 +2,26 @@
 
 - invalid input (pydantic, the core's ``SpecError``, ``ConfigError``, a manager's
   ``InvalidRequestError``): 422 naming the field and the rule;
+- an operator's power a tenant was not granted (``registration.Forbidden``): 403 naming the
+  field and the rule;
 - an id the tenant does not own: 404 (never 403, so ids are not confirmed); the tenant's own
   env whose lease ran out: 410 saying so;
 - a per-tenant limit (``TenantLimitError``): 429; a full queue (``Overloaded`` here, the
   runtime's ``OverloadedError``) or a service shutting down: 503; both with ``Retry-After``;
-- a duplicate name: 409; anything else: 500, logged, without internals in the body.
+- input that is well-formed but that the target's state refuses (a duplicate id, a
+  directory where a file must be, no such directory, a full workspace): 409 naming the
+  field; a file call's OS error: the path named, 404 (no such file) or 409;
+- a body past its cap: 413 (``api.edge``); a method the path does not take: 405 with
+  ``Allow`` listing the methods it does take;
+- a duplicate name: 409; anything else: 500, logged, without internals in the body (the
+  edge answers what no handler here did, so no exception reaches uvicorn).
 The runtime's error classes are matched by name and ``retry_after_s`` so the API works
 before and after they exist.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import re
@@ -22,7 +31,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from arl_tangram.api.edge import BodyTooLarge
+from arl_tangram.api.registration import Forbidden
 from arl_tangram.api.state import Gone, NotFound, Overloaded
 from arl_tangram.core.errors import SpecError
 from arl_tangram.managers.gpu.errors import GpuManagerError
@@ -43,10 +55,17 @@ def error_response(
 
 
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
+    # bounded before any copy: the value may be a 100 MB string or a list of millions
+    if isinstance(value, str):
+        return value[:200]
+    if value is None or isinstance(value, bool | int | float):
+        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value][:32]
+        return [_jsonable(v) for v in value[:32]]
+    if isinstance(value, bytes | bytearray):
+        return repr(bytes(value[:200]))
+    if isinstance(value, dict):
+        return f"<an object of {len(value)} keys>"
     return repr(value)[:200]
 
 
@@ -56,7 +75,9 @@ _ACTION_TYPES = ("exec", "code", "service", "api", "noop")
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):  # where, not which
+        loc = loc[1:]
+    parts = [str(p) for p in loc]
     if len(parts) > 1 and parts[0] in _ACTION_TYPES:  # the discriminated union's chosen member
         parts = parts[1:]
     return ".".join(p for p in parts if not _TYPE_TAG.match(p)) or (parts[0] if parts else "body")
@@ -81,6 +102,8 @@ async def _spec_error(_request: Request, exc: Exception) -> JSONResponse:
     field, rule = getattr(exc, "field", ""), getattr(exc, "rule", str(exc))
     value = getattr(exc, "value", None)
     retry_after_s = getattr(exc, "retry_after_s", None)
+    if type(exc).__name__ in ("ConflictError", "Conflict"):  # the target's state, not the input's shape
+        return error_response(409, str(exc), field, rule, value)
     if type(exc).__name__ == "TenantLimitError":
         _count_refusal(_request, 429)
         return error_response(429, str(exc), field, rule, value, retry_after_s=retry_after_s or 1.0)
@@ -90,6 +113,11 @@ async def _spec_error(_request: Request, exc: Exception) -> JSONResponse:
 async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, NotFound)
     return error_response(404, str(exc), exc.field, "must name one of this tenant's live objects", exc.value)
+
+
+async def _forbidden(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Forbidden)
+    return error_response(403, str(exc), exc.field, exc.rule, exc.value)
 
 
 async def _gone(_request: Request, exc: Exception) -> JSONResponse:
@@ -113,9 +141,49 @@ async def _env_failed(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, str(exc), "env", "the sandbox must start", retry_after_s=1.0)
 
 
-async def _http(_request: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if isinstance(exc, BodyTooLarge):
+        return error_response(413, str(exc.detail), "body", f"must be at most {exc.cap_bytes} bytes ({exc.setting})")
+    if exc.status_code == 405:
+        allowed = _allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        return error_response(405, str(exc.detail), "method", f"must be one of {', '.join(allowed)}", request.method, headers=headers)
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path takes (Starlette names only the first route's)."""
+    routes = request.app.router.routes
+    return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
+
+
+# errno -> (status, rule) of a file call's OS error: the tenant's own path, never a 500
+_FILE_ERRNO = {
+    errno.ENOENT: (404, "must name an existing file (or a directory to create it in)"),
+    errno.EISDIR: (409, "must name a regular file, not a directory"),
+    errno.ENOTDIR: (409, "must not pass through a non-directory"),
+    errno.ELOOP: (409, "must not pass through a symlink"),
+    errno.EROFS: (409, "must name a file below /workspace or /tmp (not a read-only place)"),
+    errno.EACCES: (409, "must name a file the sandbox user may access"),
+    errno.EPERM: (409, "must name a file the sandbox user may access"),
+    errno.ENOSPC: (409, "must fit the sandbox's free space"),
+    errno.ENAMETOOLONG: (422, "must have components of at most 255 bytes"),
+}
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OSError)
+    known = _FILE_ERRNO.get(exc.errno or 0) or _FILE_ERRNO.get(getattr(exc.__cause__, "errno", 0) or 0)
+    if known is None:
+        return await _other(request, exc)
+    status, rule = known
+    path = request.query_params.get("path")
+    return error_response(status, f"path: {rule}", "path", rule, path)
 
 
 async def _file_not_found(_request: Request, exc: Exception) -> JSONResponse:
@@ -147,10 +215,13 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(FileNotFoundError, _file_not_found)
     app.add_exception_handler(Gone, _gone)
+    app.add_exception_handler(Forbidden, _forbidden)
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(EnvFailedError, _env_failed)
     app.add_exception_handler(StarletteHTTPException, _http)
-    # By class, so the exception middleware answers them (an ``Exception`` handler answers
-    # too, but from the outermost middleware, which then re-raises and logs a traceback).
-    for cls in (ValueError, LookupError, RuntimeError, GpuManagerError, Exception):
+    app.add_exception_handler(OSError, _os_error)
+    # By class, so Starlette's exception middleware answers them; an ``Exception`` handler
+    # would be called from the outermost middleware, which then re-raises (uvicorn logs a
+    # traceback and drops the connection): what no class here matches, the edge answers.
+    for cls in (ValueError, LookupError, RuntimeError, ArithmeticError, GpuManagerError):
         app.add_exception_handler(cls, _other)

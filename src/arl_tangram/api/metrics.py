@@ -10,10 +10,17 @@ Two sources:
   reads only) and the collector serves it.
 ``kind`` labels are the action types of the API (exec, code, service, api, noop): a bounded
 set, where client-chosen labels would not be.
+
+Who sees what: a series labelled ``tenant`` is its tenant's, shown to that tenant only;
+the rest (pools, queue lengths, sandboxes, replicas, providers, rounds) describe the shared
+service and are shown to every caller, as ``/v1/status`` does. The operator's scrape token
+(``[service] metrics_token``) sees every tenant's series; so does every caller of a server
+with no tokens (one tenant, ``default``, on loopback).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +57,7 @@ class ApiMetrics:
         self.pending = Gauge("tangram_pending_actions", "Actions submitted through the API and not ended", registry=r)
         self.snapshot = SnapshotCollector()
         r.register(self.snapshot)
+        self.operator_token: str | None = None  # reads every tenant's series; None: nobody but a token-less server
 
     def submitted_one(self, kind: str, tenant: str) -> None:
         self.submitted.labels(kind, tenant).inc()
@@ -72,8 +80,28 @@ class ApiMetrics:
             elif isinstance(d, EvictService):
                 self.evictions.inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, tenant: str | None = None) -> bytes:
+        """The text exposition; ``tenant``: only that tenant's tenant-labelled series
+        (None: every tenant's, for the operator)."""
+        if tenant is None:
+            return generate_latest(self.registry)
+        return generate_latest(_TenantView(self.registry, tenant))  # type: ignore[arg-type]
+
+
+class _TenantView:
+    """The registry as one tenant may see it: samples labelled with another tenant dropped."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str) -> None:
+        self.registry = registry
+        self.tenant = tenant
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if s.labels.get("tenant", self.tenant) == self.tenant]
+            if len(samples) != len(family.samples):
+                family = copy.copy(family)
+                family.samples = samples
+            yield family
 
 
 class SnapshotCollector(Collector):

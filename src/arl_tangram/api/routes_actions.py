@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from arl_tangram.api.auth import State, Tenant, tenant_of
 from arl_tangram.api.build import INTERPRETERS, build
+from arl_tangram.api.json_body import SMALL_BODY_BYTES, JsonBodyRoute, read_json
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
     ActionCreate,
@@ -40,7 +41,7 @@ from arl_tangram.runtime.actions import (
     ServicePayload,
 )
 
-router = APIRouter(prefix="/v1/actions", tags=["actions"])
+router = APIRouter(prefix="/v1/actions", tags=["actions"], route_class=JsonBodyRoute)
 MAX_WAIT_S = 300.0
 
 
@@ -123,9 +124,14 @@ SUBMIT_DOC: dict[str, Any] = {
 ACTION_ADAPTER: TypeAdapter[Any] = TypeAdapter(ActionCreate)
 
 
-def _body(raw: bytes) -> Any:
+async def _body(request: Request) -> Any:
+    """The action: a small body straight from its bytes (pydantic's own parser, the fast
+    path), a large one through ``read_json`` (off the loop)."""
+    length = request.headers.get("content-length")
     try:
-        return ACTION_ADAPTER.validate_json(raw)
+        if length is not None and length.isdigit() and int(length) <= SMALL_BODY_BYTES:
+            return ACTION_ADAPTER.validate_json(await request.body())
+        return ACTION_ADAPTER.validate_python(await read_json(request))
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
@@ -142,13 +148,14 @@ def _wait_s(request: Request) -> float:
 
 
 def _request_id(request: Request) -> str | None:
-    for name in ("idempotency-key", "x-request-id"):
+    found = None
+    for name in ("idempotency-key", "x-request-id"):  # both checked: both are documented
         value = request.headers.get(name)
         if value is not None:
             if len(value) > 128:
                 raise SpecError(name, "must be at most 128 characters", value[:32])
-            return value
-    return None
+            found = found if found is not None else value
+    return found
 
 
 @router.post("", response_model=ActionView, status_code=201, responses=ERROR_RESPONSES, openapi_extra=SUBMIT_DOC)
@@ -157,7 +164,7 @@ async def submit_action(request: Request) -> Response:
     state: ApiState = request.app.state.api
     tenant = await tenant_of(request)
     wait_s, request_id = _wait_s(request), _request_id(request)
-    body = _body(await request.body())
+    body = await _body(request)
     spec, payload, external_id = build(state, tenant, body)
     try:
         record = state.submit(spec, payload, request_id)

@@ -14,22 +14,25 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
+    SANDBOX_PATH_PATTERN,
     EnvCreate,
     EnvList,
     EnvView,
     SessionCreate,
     SessionView,
 )
-from arl_tangram.api.state import ApiState, NotFound, Overloaded, new_id
+from arl_tangram.api.state import ApiState, Conflict, NotFound, Overloaded, new_id
 from arl_tangram.core.action import EnvSpec
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.config import parse_size_bytes
 
-router = APIRouter(prefix="/v1/envs", tags=["envs"])
-PathQuery = Annotated[str, Query(min_length=1, max_length=4096, description="a path in the workspace or /tmp")]
-MAX_FILE_BODY_BYTES = 256 << 20
+router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=JsonBodyRoute)
+PathQuery = Annotated[
+    str, Query(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN, description="a path in the workspace or /tmp (components of at most 255 bytes)"),
+]
 
 
 def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
@@ -53,11 +56,11 @@ async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str,
     mem_bytes = parse_size_bytes(body.memory, "memory")
     largest = state.max_env_mem_bytes()
     if mem_bytes > largest:
-        raise SpecError("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
+        raise Conflict("memory", f"must fit one node's memory ({largest} bytes)", body.memory)
     external = body.env_id or new_id("env")
     internal = state.scoped(tenant, external)
     if internal in state.controller.env_specs:
-        raise SpecError("env_id", "must be unique among this tenant's live envs", external)
+        raise Conflict("env_id", "must be unique among this tenant's live envs", external)
     spec = EnvSpec(
         internal, mem_bytes, tenant, body.trajectory_id, image=body.image, pids_max=body.pids_max,
         workspace_bytes=parse_size_bytes(body.workspace, "workspace"), tmp_bytes=parse_size_bytes(body.tmp, "tmp"),
@@ -108,15 +111,13 @@ def _cpu(state: ApiState, internal: str) -> Any:
 
 @router.put(
     "/{env_id}/files", status_code=204, responses=ERROR_RESPONSES,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+    openapi_extra={"requestBody": {"required": False, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
 )  # fmt: skip
 async def write_file(state: State, tenant: Tenant, env_id: str, path: PathQuery, request: Request) -> Response:
-    """Create or atomically replace a file (the body's bytes) in the workspace or /tmp."""
+    """Create or atomically replace a file (the body's bytes; no body: an empty file) in the
+    workspace or /tmp (parents created). A body past ``[service] max_file_body_bytes`` is 413."""
     internal = state.env_internal(tenant, env_id)
-    length = int(request.headers.get("content-length") or 0)
-    if length > MAX_FILE_BODY_BYTES:
-        raise SpecError("body", f"must be at most {MAX_FILE_BODY_BYTES} bytes", length)
-    data = await request.body()
+    data = await request.body()  # bounded by the edge
     await asyncio.to_thread(_cpu(state, internal).write_file, internal, path, data)
     return Response(status_code=204)
 

@@ -2,8 +2,10 @@
 
 Services the operator configured are shared by every tenant (one reward model serves every
 job); a service a tenant registers is its own (internally ``~<tenant>/<name>``), listed and
-callable by that tenant only. Registration loads the model once (seconds); the request
-waits for it. Providers are the operator's configured API providers, shared by all.
+callable by that tenant only, and only from what the operator allows (``registration``:
+an allowlisted factory or model folder, else 403 with nothing imported). Registration
+loads the model once (seconds), on a worker thread; the request waits for it. Providers
+are the operator's configured API providers, shared by all.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Any
 from fastapi import APIRouter
 
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.json_body import JsonBodyRoute
+from arl_tangram.api.registration import allowed_folder, allowed_module
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
+    ErrorBody,
     ProviderList,
     ProviderView,
     ServiceCreate,
@@ -26,9 +31,9 @@ from arl_tangram.api.schemas import (
 )
 from arl_tangram.api.state import ApiState, NotFound
 from arl_tangram.core.errors import SpecError
-from arl_tangram.runtime.config import ServiceConfig
+from arl_tangram.runtime.config import ServiceConfig, ServiceSettings
 
-router = APIRouter(prefix="/v1", tags=["services"])
+router = APIRouter(prefix="/v1", tags=["services"], route_class=JsonBodyRoute)
 
 
 def _gpu_services(state: ApiState) -> dict[str, Any]:
@@ -45,14 +50,18 @@ def _service_view(state: ApiState, external: str, internal: str, shared: bool, g
     }  # fmt: skip
 
 
-def _check_source(body: ServiceCreate) -> None:
-    """Refuse what cannot be a model before the GPU manager (and torch) is started for it."""
+def _check_source(body: ServiceCreate, settings: ServiceSettings) -> tuple[str | None, str | None]:
+    """(folder, module) from the operator's allowlist; refuses what is not listed before
+    anything is imported or read, and what cannot be a model before the GPU manager (and
+    torch) is started for it. Worker thread: resolving paths and importing touch disk."""
     if (body.folder is None) == (body.module is None):
         raise SpecError("folder", "exactly one of folder or module must be set", body.folder or body.module)
-    if body.folder is not None and not (Path(body.folder) / "config.json").is_file():
+    folder = None if body.folder is None else allowed_folder(body.folder, settings)
+    module = None if body.module is None else allowed_module(body.module, settings)
+    if folder is not None and not (Path(folder) / "config.json").is_file():
         raise SpecError("folder", "must be a model folder on the server (config.json and safetensors)", body.folder)
-    if body.module is not None:
-        module_name, _, attr = body.module.partition(":")
+    if module is not None:
+        module_name, _, attr = module.partition(":")
         try:
             found = importlib.util.find_spec(module_name) is not None
         except (ImportError, ValueError):
@@ -63,16 +72,18 @@ def _check_source(body: ServiceCreate) -> None:
             raise SpecError("module", "must name a callable factory in that module", body.module)
     if body.devices_min > body.devices_max:
         raise SpecError("devices_min", "must be <= devices_max", body.devices_min)
+    return folder, module
 
 
-@router.post("/services", response_model=ServiceView, status_code=201, responses=ERROR_RESPONSES)
+@router.post("/services", response_model=ServiceView, status_code=201, responses={**ERROR_RESPONSES, 403: {"model": ErrorBody}})
 async def register_service(state: State, tenant: Tenant, body: ServiceCreate) -> dict[str, Any]:
-    """Register a model service private to the caller's tenant; returns once it is ready."""
-    await asyncio.to_thread(_check_source, body)
+    """Register a model service private to the caller's tenant, from a factory or model
+    folder the operator allows (else 403); returns once it is ready."""
+    folder, module = await asyncio.to_thread(_check_source, body, state.runtime.config.service)
     internal = state.private_service(tenant, body.name)
     if internal in state.controller.loop.state.spec.services:
         raise SpecError("name", "must not name one of this tenant's registered services", body.name)
-    config = ServiceConfig(internal, body.handler, body.folder, body.module, body.devices_min, body.devices_max)
+    config = ServiceConfig(internal, body.handler, folder, module, body.devices_min, body.devices_max)
     # Its own task: a client that goes away does not abandon a half-made registration.
     await state.spawn(state.runtime.register_service(config))
     await _registered(state, internal)

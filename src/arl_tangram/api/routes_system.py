@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
 from arl_tangram import __version__
-from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.auth import State, Tenant, tenant_of
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.metrics import CONTENT_TYPE, take_snapshot
 from arl_tangram.api.schemas import ERROR_RESPONSES, Health, StatusView
 
-router = APIRouter(tags=["service"])
+router = APIRouter(tags=["service"], route_class=JsonBodyRoute)
 
 
 @router.get("/v1/health", response_model=Health)
@@ -37,9 +39,24 @@ async def status(state: State, tenant: Tenant) -> dict[str, Any]:
     }
 
 
+async def _metrics_reader(request: Request) -> str | None:
+    """Whose series the caller may read: None (all) for the operator's metrics token or on a
+    server without tokens; else the caller's tenant (401 without a known token)."""
+    state = request.app.state.api
+    operator = state.metrics.operator_token
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if operator and scheme.lower() == "bearer" and hmac.compare_digest(operator.encode(), given.strip().encode()):
+        return None
+    if not state.tokens:
+        return None
+    return await tenant_of(request)
+
+
 @router.get("/metrics", responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}, **ERROR_RESPONSES})
-async def metrics(state: State, tenant: Tenant) -> Response:
-    """Prometheus metrics of this server (a token is needed once tokens are configured)."""
+async def metrics(request: Request, state: State) -> Response:
+    """Prometheus metrics of this server: a tenant's token shows that tenant's series (and
+    the shared service's); the operator's ``metrics_token`` shows every tenant's."""
+    reader = await _metrics_reader(request)
     state.metrics.snapshot.data = take_snapshot(state.runtime)
     state.metrics.pending.set(len(state.pending))
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(state.metrics.render(reader), media_type=CONTENT_TYPE)

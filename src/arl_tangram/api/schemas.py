@@ -10,19 +10,50 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 #: client-chosen ids: the tenant prefix and a dot are added internally, within 64 characters
 ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,46}$"
-SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([KMGTkmgt]i?[Bb]|[Bb])?\s*$"
+SIZE_PATTERN = r"^\s*0*[1-9]\d*(\.\d+)?\s*([KMGTkmgt]i?[Bb]|[Bb])?\s*$"  # >= 1 unit
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}$"
 
 ExternalId = Annotated[str, Field(pattern=ID_PATTERN)]
-Size = Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
+def _integral(value: Any) -> Any:
+    """JSON Schema's integers include 4.0; strict pydantic's do not: take the integral floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
+
+
+#: an integer as JSON Schema means it (strict otherwise: "4" and true are refused); where
+#: it carries bounds of its own, the ``Field`` goes before the validator (else the schema
+#: shows pydantic's "ge" instead of "minimum")
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+Size = Annotated[int, Field(ge=1), BeforeValidator(_integral)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
+# sizes with the CPU manager's minimums in the schema: >= 1 MiB (workspace, tmp), >= 16 MiB (memory)
+_NUM = r"0*[1-9]\d*(?:\.\d+)?\s*"
+_BIG_UNIT = r"(?:[GgTt]i?[Bb])"
+MIB_SIZE_PATTERN = rf"^\s*(?:{_NUM}(?:[Mm]i[Bb]|{_BIG_UNIT})|0*[1-9]\d+(?:\.\d+)?\s*[Mm][Bb])\s*$"
+_AT_LEAST_16 = r"0*(?:1[6-9]|[2-9]\d|[1-9]\d{2,})(?:\.\d+)?\s*"
+_AT_LEAST_17 = r"0*(?:1[7-9]|[2-9]\d|[1-9]\d{2,})(?:\.\d+)?\s*"
+MEM_SIZE_PATTERN = rf"^\s*(?:{_AT_LEAST_16}[Mm]i[Bb]|{_AT_LEAST_17}[Mm][Bb]|{_NUM}{_BIG_UNIT})\s*$"
+MibSize = Annotated[int, Field(ge=1 << 20), BeforeValidator(_integral)] | Annotated[str, Field(pattern=MIB_SIZE_PATTERN, max_length=32)]
+MemSize = Annotated[int, Field(ge=16 << 20), BeforeValidator(_integral)] | Annotated[str, Field(pattern=MEM_SIZE_PATTERN, max_length=32)]
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+#: Rules between fields that JSON Schema cannot state; the schema lists them under
+#: ``info.x-cross-field-rules`` ("<field>: <rule>", as a 422 names them) and the fuzz accepts
+#: a 422 for a schema-valid request only when it names one of these.
+CROSS_FIELD_RULES = ("cpu.min: must be <= cpu.max", "devices_min: must be <= devices_max")
+
+
+def _not_both(a: str, a_type: str, b: str, b_type: str) -> dict[str, Any]:
+    """JSON Schema for "not both ``a`` (of ``a_type``) and ``b`` (of ``b_type``)"."""
+    return {"not": {"required": [a, b], "properties": {a: {"type": a_type}, b: {"type": b_type}}}}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a field takes its own JSON type only (no "1" for 1, no 0 for false), which is
+    # what the schema says; unknown fields are refused
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # -- envs ----------------------------------------------------------------------------------
@@ -34,11 +65,11 @@ class EnvCreate(_Strict):
         "host", min_length=1, max_length=512,
         description="'host' or 'python' (the host's read-only root), an image reference HOST[:PORT]/name[:tag], or an image id sha256:...",
     )  # fmt: skip
-    memory: Size = "1GiB"
-    pids_max: int = Field(512, ge=8, le=65536)
-    workspace: Size = "512MiB"
-    tmp: Size = "256MiB"
-    writable: Size = Field("1GiB", description="cap of an image env's writable layer")
+    memory: MemSize = "1GiB"
+    pids_max: JsonInt = Field(512, ge=8, le=65536)
+    workspace: MibSize = "512MiB"
+    tmp: MibSize = "256MiB"
+    writable: MibSize = Field("1GiB", description="cap of an image env's writable layer")
     trajectory_id: str = Field("", max_length=128)
 
 
@@ -55,9 +86,36 @@ class EnvList(BaseModel):
     envs: list[EnvView]
 
 
+# A path in a sandbox: relative to /workspace, or absolute under /workspace or /tmp; no
+# ".." component, components of 1-255 bytes without NUL (the rule files.sandbox_path and the
+# kernel apply, in the schema). Written without lookarounds so every regex engine takes it.
+_SEGMENT = r"(?:[^/.\x00][^/\x00]{0,254}|\.[^/.\x00][^/\x00]{0,253}|\.\.[^/\x00]{1,253}|\.)"
+SANDBOX_PATH_PATTERN = rf"^(?:/(?:workspace|tmp)(?:/{_SEGMENT})*|{_SEGMENT}(?:/{_SEGMENT})*)/?$"
+# environment variables: the rule validate_env applies, in the schema (JSON Schema's own
+# words for "every key"; pydantic would write patternProperties, which lets other keys by)
+def _env_rule(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"names must be non-empty, without '=' or NUL (got {key[:64]!r})")
+        if "\0" in value:
+            raise ValueError(f"values must be without NUL (the value of {key[:64]!r})")
+    return env
+
+
+EnvVars = Annotated[
+    dict[str, str],
+    AfterValidator(_env_rule),
+    WithJsonSchema({
+        "type": "object", "propertyNames": {"minLength": 1, "pattern": "^[^=\\x00]+$"},
+        "additionalProperties": {"type": "string", "pattern": "^[^\\x00]*$"},
+    }),
+]  # fmt: skip
+SandboxPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN)]
+
+
 class SessionCreate(_Strict):
-    env: dict[str, str] | None = None
-    cwd: str | None = Field(None, max_length=4096)
+    env: EnvVars | None = None
+    cwd: SandboxPath | None = None
 
 
 class SessionView(BaseModel):
@@ -67,10 +125,13 @@ class SessionView(BaseModel):
 # -- actions -------------------------------------------------------------------------------
 class Elasticity(_Strict):
     """The action's DoP range on its key resource and, optionally, its curve (an Amdahl
-    ``serial_fraction`` or a ``table`` of efficiencies); without one the kind's learned curve."""
+    ``serial_fraction`` or a ``table`` of efficiencies, not both); without one the kind's
+    learned curve. ``min`` must be <= ``max``."""
 
-    min: int = Field(1, ge=1, le=1024)
-    max: int = Field(1, ge=1, le=1024)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_not_both("serial_fraction", "number", "table", "array"))
+
+    min: JsonInt = Field(1, ge=1, le=1024)
+    max: JsonInt = Field(1, ge=1, le=1024)
     serial_fraction: float | None = Field(None, ge=0.0, le=1.0)
     table: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(None, min_length=1, max_length=1024)
 
@@ -88,14 +149,20 @@ class _ActionBase(_Strict):
 
 
 class ExecAction(_ActionBase):
-    """A ``bash -c`` string or an argv in an env's sandbox (or one of its sessions)."""
+    """A ``bash -c`` string or an argv in an env's sandbox (or one of its sessions: then a
+    string); ``stdin`` or ``stdin_b64``, not both."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"allOf": [_not_both("stdin", "string", "stdin_b64", "string"), _not_both("session_id", "string", "command", "array")]},
+    )  # fmt: skip
 
     type: Literal["exec"]
     env_id: ExternalId
     command: Annotated[str, Field(min_length=1, max_length=1 << 20)] | Annotated[list[str], Field(min_length=1, max_length=4096)]
     stdin: str | None = Field(None, max_length=16 << 20)
-    stdin_b64: str | None = Field(None, max_length=22 << 20)
-    env: dict[str, str] | None = None
+    stdin_b64: str | None = Field(None, max_length=22 << 20, pattern=BASE64_PATTERN)
+    env: EnvVars | None = None
     cwd: str | None = Field(None, max_length=4096)
     session_id: str | None = Field(None, max_length=128)
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
@@ -131,7 +198,7 @@ class ApiAction(_ActionBase):
     path: str = Field("/", pattern=r"^/", max_length=4096)
     json_body: Any = Field(None, alias="json")
     params: dict[str, str] | None = None
-    tokens: int | None = Field(None, ge=0)
+    tokens: Annotated[int, Field(ge=0), BeforeValidator(_integral)] | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -253,5 +320,5 @@ class StatusView(BaseModel):
 
 #: the error answers every route documents (all with ``ErrorBody``)
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 409, 410, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (401, 404, 409, 410, 413, 422, 429, 503)
 }

@@ -3,8 +3,10 @@
 
 uvicorn runs with uvloop and httptools when they are installed (its ``auto`` choice), no
 access log (it would cost more than a no-resource action), and a bounded graceful shutdown
-so long polls cannot hold a stop forever. The socket is bound before uvicorn starts, so
-``port=0`` gives a free port that is known before the first request.
+so long polls cannot hold a stop forever (``graceful_s``: at most ``GRACEFUL_SHUTDOWN_S``).
+The socket is bound before uvicorn starts, so ``port=0`` gives a free port that is known
+before the first request. Once told to stop, the app's long polls are told first and then
+``on_stopping`` runs (``serve``: the owner ends what is pending and arms its deadline).
 """
 
 from __future__ import annotations
@@ -30,26 +32,33 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
+def make_server(app: Any, *, log_level: str = "warning", graceful_s: float = GRACEFUL_SHUTDOWN_S) -> uvicorn.Server:
     config = uvicorn.Config(
         app, loop="auto", http="auto", lifespan="on", access_log=False, log_level=log_level,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
+        timeout_graceful_shutdown=max(1, int(min(graceful_s, GRACEFUL_SHUTDOWN_S))), backlog=2048,
     )  # fmt: skip
     return uvicorn.Server(config)
 
 
-async def serve(app: Any, host: str, port: int, *, on_listening: Callable[[str], None] | None = None, log_level: str = "warning") -> None:
+async def serve(
+    app: Any, host: str, port: int, *, on_listening: Callable[[str], None] | None = None, log_level: str = "warning",
+    on_stopping: Callable[[], None] | None = None, graceful_s: float = GRACEFUL_SHUTDOWN_S,
+) -> None:  # fmt: skip
     """Serve until SIGINT/SIGTERM (uvicorn's handlers, main thread) or ``should_exit``."""
     sock = bind(host, port)
     try:
-        await serve_on(make_server(app, log_level=log_level), sock, on_listening)
+        await serve_on(make_server(app, log_level=log_level, graceful_s=graceful_s), sock, on_listening, on_stopping)
     finally:
         sock.close()
 
 
-async def serve_on(server: uvicorn.Server, sock: socket.socket, on_listening: Callable[[str], None] | None = None) -> None:
+async def serve_on(
+    server: uvicorn.Server, sock: socket.socket, on_listening: Callable[[str], None] | None = None,
+    on_stopping: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
     """Run ``server`` on ``sock``; once it is told to stop, the app's long polls are told
-    first (``ApiState.begin_stopping``) so the graceful shutdown is not spent waiting."""
+    first (``ApiState.begin_stopping``), then ``on_stopping`` runs, so the graceful
+    shutdown is not spent waiting."""
 
     async def watch() -> None:
         while not server.started and not server.should_exit:
@@ -63,6 +72,8 @@ async def serve_on(server: uvicorn.Server, sock: socket.socket, on_listening: Ca
         api = getattr(server.config.app.state, "api", None) if hasattr(server.config.app, "state") else None
         if api is not None:
             api.begin_stopping()
+        if on_stopping is not None:
+            on_stopping()
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(watch())

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
+from arl_tangram.api.edge import BodyLimits
 from arl_tangram.api.metrics import ApiMetrics
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.errors import SpecError
@@ -44,6 +45,10 @@ class NotFound(LookupError):
         super().__init__(f"{field}: must name one of this tenant's live objects (got {value!r})")
         self.field = field
         self.value = value
+
+
+class Conflict(SpecError):
+    """Well-formed input that the current state refuses (a duplicate id): always a 409."""
 
 
 class Gone(LookupError):
@@ -118,6 +123,7 @@ class ApiState:
         self.on_done: list[Any] = []  # callbacks(record) when an action submitted here ends
         self.metrics: ApiMetrics = ApiMetrics()
         self.create_timeout_s = DEFAULT_CREATE_TIMEOUT_S
+        self.body_limits = BodyLimits()  # read by the edge on every request
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

@@ -5,7 +5,8 @@ Measures on this host, with real sandboxes: cold sandbox creation, one grant + r
 ``true``, how closely a busy action's CPU matches its grant, and the CPU and memory that idle
 sandboxes (each with a background busy loop) cost, and hardening: destroy of a sandbox
 holding 500 busy tasks, what a ``kill -9`` of a manager leaves, and processes left by actions
-that fork a background child. Progress goes to stderr; ``--json`` prints
+that fork a background child, and timeouts that always kill (``cpu_timeouts``: 2,000
+concurrent actions timed out from 1 ms up, none alive past the kill grace). Progress goes to stderr; ``--json`` prints
 exactly one JSON object on stdout.
 """
 
@@ -23,6 +24,7 @@ import textwrap
 import time
 from collections.abc import Callable, Sequence
 
+from arl_tangram.bench.cpu_timeouts import bench_timeouts
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
 
@@ -230,6 +232,7 @@ TARGETS = {
     "create_p50_ms": ("<=", 30), "resize_p99_us": ("<=", 1000), "exec_true_p50_ms": ("<=", 5),
     "enforce_error": ("<=", 0.10), "idle_cpu_cores": ("<=", 0.02), "idle_mem_mb_per_sandbox": ("<=", 5),
     "destroy_busy_ms": ("<=", 1000), "leftovers_after_kill9": ("<=", 0), "action_leftover_procs": ("<=", 0),
+    "timed_out_alive_after_grace": ("<=", 0), "timed_out_post_marker": ("<=", 0), "timeout_wrong_outcome": ("<=", 0),
 }  # fmt: skip
 
 
@@ -256,6 +259,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-sandboxes", type=int, default=100, help="idle sandboxes running a busy loop")
     parser.add_argument("--held-sandboxes", type=int, default=500, help="sandboxes held at once for memory")
     parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument("--timeout-actions", type=int, default=2000, help="concurrent actions that all time out")
+    parser.add_argument("--timeout-sandboxes", type=int, default=50)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with CpuManager(CpuManagerConfig(default_spec=SPEC)) as mgr:
@@ -267,6 +272,7 @@ def main(argv: list[str]) -> int:
         result.update(bench_idle(mgr, args.idle_sandboxes, max(args.held_sandboxes, args.idle_sandboxes), args.idle_seconds))
         result.update(bench_destroy_busy(mgr, 500))
         result.update(bench_action_leftovers(mgr, 100))
+        result.update(bench_timeouts(mgr, args.timeout_actions, args.timeout_sandboxes))
     result.update(bench_kill9(SPEC))
     result["bench_s"] = time.perf_counter() - t0
     if args.json:

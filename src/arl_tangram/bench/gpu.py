@@ -14,6 +14,8 @@ Measures, on CUDA when torch sees it and on a CPU device with a memory budget ot
   (``gpu_fragmentation``); ``fragmentation_largest_free_ratio`` is kept as the same figure
   (there are no buddy blocks any more: extents are exact);
 - ``loop_stall_p99_ms`` and ``resident_call_slowdown_during_swaps`` (``gpu_stall``);
+- ``resident_call_p50_ms_quiet`` / ``_churn`` and ``resident_call_churn_ratio``: the same
+  resident calls through ``StandaloneGpuManager`` while it swaps two others (``gpu_standalone``);
 - ``mopd``: 9 generated teachers under a skewed trace; static = every teacher resident in its
   own memory (never swaps), tangram = one budget that holds 3 teachers, with the standalone
   wrapper's LRU Evict-on-Execution.
@@ -34,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from arl_tangram.bench import gpu_fragmentation, gpu_stall, gpu_swap
+from arl_tangram.bench import gpu_fragmentation, gpu_stall, gpu_standalone, gpu_swap
 
 ASSUMPTIONS = {
     "mopd_trace": "closed loop, one request at a time; teacher drawn from Zipf(s) over a seeded "
@@ -285,6 +287,7 @@ def _targets(result: dict[str, Any]) -> dict[str, bool]:
         "fragmentation_extent>=0.9": result["fragmentation_largest_free_extent_ratio"] >= 0.9,
         "loop_stall_p99_ms<=5": result["loop_stall_p99_ms"] <= 5,
         "resident_call_slowdown<=1.5": result["resident_call_slowdown_during_swaps"] <= 1.5,
+        "resident_call_churn_ratio<=1.5": result["resident_call_churn_ratio"] <= 1.5,
         "tangram_bytes<=static/3": mopd["tangram_device_bytes"] * 3 <= mopd["static_device_bytes"],
         "tangram_p50<=1.25*static_p50": mopd["tangram_p50_ms"] <= 1.25 * mopd["static_p50_ms"],
     }
@@ -310,6 +313,8 @@ def _print_table(result: dict[str, Any]) -> None:
         ),
         ("loop stall p99", f"{result['loop_stall_p99_ms']:.2f} ms"),
         ("resident call slowdown", f"{result['resident_call_slowdown_during_swaps']:.2f}x"),
+        ("standalone resident call", f"p50 {result['resident_call_p50_ms_quiet']:.2f} ms quiet, "
+         f"{result['resident_call_p50_ms_churn']:.2f} ms churn ({result['resident_call_churn_ratio']:.2f}x)"),
         (
             "mopd static",
             f"p50 {mopd['static_p50_ms']:.2f} ms, {mopd['static_device_bytes'] / 1e6:.1f} MB",
@@ -386,6 +391,13 @@ def main(argv: list[str]) -> int:
         {k: stall[k] for k in ("loop_stall_p99_ms", "resident_call_slowdown_during_swaps")}
     )
     result["loop_stall"] = stall
+    _log("standalone wrapper: a resident service's calls while two others swap")
+    with _timed(phase_s, "standalone_churn"):
+        churn = gpu_standalone.measure(
+            _device_spec(args, "dev0", 1 << 30), small, int(args.swap_mb * 1e6), max(1.0, args.stall_s / 2)
+        )
+    result.update({k: v for k, v in churn.items() if k.startswith("resident_call_")})
+    result["standalone_churn"] = churn
     _log("mopd: 9 teachers")
     with _timed(phase_s, "mopd"):
         result["mopd"] = measure_mopd(args, cache)

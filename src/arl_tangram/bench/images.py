@@ -210,7 +210,7 @@ async def swe_task(setup: Setup) -> dict[str, Any]:
     config = setup.work / "swe.toml"  # the server's own store, pulling from the loopback registry
     config.write_text(f'[images]\nstore_path = "{setup.work / "store-swe"}"\n\n'
                       f'[[images.registries]]\nhost = "{setup.registry.host}"\ninsecure = true\n')  # fmt: skip
-    with server_process(config=str(config)) as url:
+    with server_process(extra_args=("--config", str(config))) as url:
         async with arl_tangram.connect(url) as tg:
             env = await tg.create_env(image=setup.refs[1], memory=MEMORY)
             quiet = logging.getLogger("arl-tangram.bench.swerex")  # its own logger logs every upload at DEBUG

@@ -33,10 +33,9 @@ _URL = re.compile(r"listening on (http://[^\s]+)")
 
 
 @contextlib.contextmanager
-def server_process(start_timeout_s: float = 60.0, config: str | None = None) -> Iterator[str]:
-    """``arl-tangram serve --port 0 [--config FILE]`` in a subprocess; yields its URL, SIGTERM on exit."""
-    argv = [sys.executable, "-m", "arl_tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
-    argv += ["--config", config] if config is not None else []
+def server_process(start_timeout_s: float = 60.0, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """``arl-tangram serve --port 0 [extra_args]`` in a subprocess; yields its URL, SIGTERM on exit."""
+    argv = [sys.executable, "-m", "arl_tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

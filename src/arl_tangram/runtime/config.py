@@ -16,6 +16,7 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     pids_max = 512
     workspace_bytes = "512MiB"
     tmp_bytes = "256MiB"
+    kill_grace_s = 2.0                # a timed-out or cancelled action's processes are gone within this
 
     [gpu]
     devices = "auto"                  # "auto": CUDA if torch sees it, else CPU devices; or a count of CPU devices
@@ -45,6 +46,10 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     result_retention_s = 3600         # an unacknowledged result is forgotten this long after it ended
     max_queued_actions = 10000        # unfinished actions of all tenants; beyond it: overloaded (429/503)
     request_id_ttl_s = 86400          # with a journal: how long a request id stays idempotent
+    allowed_modules = ["my_models.judge:build"]   # what a tenant may register over HTTP (exact factories) ...
+    allowed_folders = ["/models"]     # ... and model folders (these, or folders inside them); omit: nothing
+    metrics_token_env = "METRICS_TOKEN"   # or metrics_token = "..."; reads every tenant's /metrics series
+    shutdown_grace_s = 10             # SIGTERM to exit, at most (pending creations and queued actions end at once)
 
     [images]                          # the node's image store (runtime/config_images.py); omit: host root only
     store_path = "/var/lib/arl-tangram/images"
@@ -87,6 +92,7 @@ from arl_tangram.runtime.config_reader import (
 from arl_tangram.runtime.config_service import (
     ServiceSettings,
     TenantConfig,
+    check_metrics_token,
     read_service_settings,
     read_tenants,
 )
@@ -113,13 +119,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CpuConfig:
-    """Sandbox defaults: ``pool_size`` warm sandboxes; limits of one sandbox."""
+    """Sandbox defaults: ``pool_size`` warm sandboxes; limits of one sandbox; the kill grace."""
 
     pool_size: int = 0
     mem_bytes: int = 1 << 30
     pids_max: int = 512
     workspace_bytes: int = 512 << 20
     tmp_bytes: int = 256 << 20
+    kill_grace_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -184,12 +191,13 @@ def parse_config(
         gpu=_gpu(root.table("gpu")),
         providers=_unique(tuple(_provider(t, os.environ if environ is None else environ) for t in root.tables("providers")), "providers"),
         services=_unique(tuple(_service(t) for t in root.tables("services")), "services"),
-        service=read_service_settings(root.table("service")),
+        service=read_service_settings(root.table("service"), os.environ if environ is None else environ),
         tenants=read_tenants(root.table("tenants"), os.environ if environ is None else environ),
         images=read_images(root.table("images")),
         source=source,
     )
     root.done()
+    check_metrics_token(config.service, config.tenants)
     return config
 
 
@@ -220,6 +228,7 @@ def _cpu(t: Table) -> CpuConfig:
         pids_max=t.integer("pids_max", CpuConfig.pids_max, minimum=8),
         workspace_bytes=t.size("workspace_bytes", CpuConfig.workspace_bytes, minimum=1 << 20),
         tmp_bytes=t.size("tmp_bytes", CpuConfig.tmp_bytes, minimum=1 << 20),
+        kill_grace_s=t.number("kill_grace_s", CpuConfig.kill_grace_s, lambda v: 0 < v <= 60, "in (0, 60]"),
     )
     t.done()
     return config

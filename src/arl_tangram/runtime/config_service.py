@@ -1,5 +1,6 @@
 """Shell: the service's sections of the configuration file: ``[service]`` (journal, env
-leases, result retention, the admission bound) and ``[tenants.<name>]`` (API tokens, fair
+leases, result retention, the admission bound, what tenants may register, the metrics
+token, the shutdown grace, request body caps) and ``[tenants.<name>]`` (API tokens, fair
 share weights, per-tenant limits). ``config`` documents the whole file.
 
 Who calls: ``config.parse_config``; the runtime reads the frozen results.
@@ -7,23 +8,42 @@ Who calls: ``config.parse_config``; the runtime reads the frozen results.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from arl_tangram.runtime.config_reader import NAME, ConfigError, Table, parse_size_bytes
 
+MODULE_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+MAX_SHUTDOWN_GRACE_S = 600.0
+
 
 @dataclass(frozen=True)
 class ServiceSettings:
     """The long-running service: durability (``journal_path``, None = no journal), env
-    leases, result retention and the admission bound of the whole service."""
+    leases, result retention and the admission bound of the whole service.
+
+    Operator powers: ``allowed_modules`` (exact ``"pkg.mod:factory"`` strings) and
+    ``allowed_folders`` (absolute model folders; a folder inside one counts) are all a
+    tenant may register over HTTP (empty: nothing); ``metrics_token`` (None: none) reads
+    every tenant's ``/metrics`` series. ``shutdown_grace_s`` bounds a stop (SIGTERM) from
+    its first moment to the process's exit."""
 
     journal_path: str | None = None
     env_idle_ttl_s: float = 600.0
     result_retention_s: float = 3600.0
     max_queued_actions: int = 10000
     request_id_ttl_s: float = 86400.0
+    allowed_modules: tuple[str, ...] = ()
+    allowed_folders: tuple[str, ...] = ()
+    metrics_token: str | None = field(default=None, repr=False)
+    shutdown_grace_s: float = 10.0
+    # request bodies (api.edge): JSON routes, file PUTs, SWE-ReX uploads; past them: 413
+    max_body_bytes: int = 16 << 20
+    max_file_body_bytes: int = 64 << 20
+    max_upload_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -39,7 +59,8 @@ class TenantConfig:
     max_mem_bytes: int | None = None
 
 
-def read_service_settings(t: Table) -> ServiceSettings:
+def read_service_settings(t: Table, environ: Mapping[str, str] | None = None) -> ServiceSettings:
+    environ = os.environ if environ is None else environ
     journal_path = t.get("journal_path")
     if journal_path is not None:
         journal_path = t.string("journal_path", None, "must be a non-empty path")
@@ -54,9 +75,42 @@ def read_service_settings(t: Table) -> ServiceSettings:
             "max_queued_actions", ServiceSettings.max_queued_actions, minimum=1
         ),
         request_id_ttl_s=t.number("request_id_ttl_s", ServiceSettings.request_id_ttl_s, *positive),
+        allowed_modules=_strings(t, "allowed_modules", MODULE_FACTORY.match, 'must list "package.module:factory" strings'),
+        allowed_folders=_strings(t, "allowed_folders", os.path.isabs, "must list absolute folder paths"),
+        metrics_token=_metrics_token(t, environ),
+        shutdown_grace_s=t.number(
+            "shutdown_grace_s", ServiceSettings.shutdown_grace_s, lambda v: 0 < v <= MAX_SHUTDOWN_GRACE_S,
+            f"in (0, {MAX_SHUTDOWN_GRACE_S:g}]",
+        ),
+        max_body_bytes=t.size("max_body_bytes", ServiceSettings.max_body_bytes, minimum=1024),
+        max_file_body_bytes=t.size("max_file_body_bytes", ServiceSettings.max_file_body_bytes, minimum=1024),
+        max_upload_bytes=t.size("max_upload_bytes", ServiceSettings.max_upload_bytes, minimum=1024),
     )
     t.done()
     return config
+
+
+def _strings(t: Table, key: str, check: Callable[[str], object], rule: str) -> tuple[str, ...]:
+    """A list of non-empty strings that each pass ``check`` (a predicate)."""
+    value = t.get(key, [])
+    if not isinstance(value, Sequence) or isinstance(value, str) or not all(isinstance(v, str) and v and check(v) for v in value):
+        raise ConfigError(t.path(key), rule, value)
+    return tuple(value)
+
+
+def _metrics_token(t: Table, environ: Mapping[str, str]) -> str | None:
+    """The operator's ``/metrics`` token: ``metrics_token`` or ``metrics_token_env``."""
+    token, var = t.get("metrics_token"), t.get("metrics_token_env")
+    if token is not None and var is not None:
+        raise ConfigError(t.path("metrics_token"), "at most one of metrics_token or metrics_token_env may be set", "<hidden>")
+    if var is not None:
+        name = t.string("metrics_token_env", None, "must name an environment variable")
+        token = environ.get(name, "")
+        if not token.strip():
+            raise ConfigError(t.path("metrics_token_env"), "must name an environment variable that is set and non-empty", name)
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ConfigError(t.path("metrics_token"), "must be a non-empty string", "<hidden>")
+    return None if token is None else token.strip()
 
 
 def read_tenants(t: Table, environ: Mapping[str, str]) -> Mapping[str, TenantConfig]:
@@ -115,3 +169,9 @@ def _tenant(name: str, t: Table, environ: Mapping[str, str]) -> TenantConfig:
     )
     t.done()
     return config
+
+
+def check_metrics_token(service: ServiceSettings, tenants: Mapping[str, TenantConfig]) -> None:
+    """The operator's metrics token reads every tenant's series: no tenant may hold it."""
+    if service.metrics_token is not None and any(t.token == service.metrics_token for t in tenants.values()):
+        raise ConfigError("service.metrics_token", "must differ from every tenant's token", "<hidden>")

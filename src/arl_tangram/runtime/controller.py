@@ -38,7 +38,7 @@ from arl_tangram.core.events import (
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.state import ClusterState
 from arl_tangram.core.topology import ClusterSpec
-from arl_tangram.runtime import recovery
+from arl_tangram.runtime import recovery, shutdown
 from arl_tangram.runtime.actions import (
     ActionRecord,
     ActionResult,
@@ -112,6 +112,7 @@ class Controller:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._stopping: str | None = None  # why new work is refused (``begin_shutdown``)
 
     # -- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,6 +145,17 @@ class Controller:
         are registered (a re-run service call needs its service); idempotent."""
         rows, self._unresumed = self._unresumed, []
         return recovery.resume(self, rows)
+
+    def begin_shutdown(self, cause: str = shutdown.SHUTTING_DOWN) -> None:
+        """The service is stopping: pending env creations end (``EnvFailedError`` naming
+        ``cause``), queued actions end ``error`` (``cause``, journaled), running ones are
+        stopped, new submissions and env requests are refused. Idempotent; ``aclose``
+        follows (``runtime.shutdown`` says why this comes first)."""
+        if self._stopping is not None or self._closed:
+            return
+        self._stopping = cause
+        creations, queued, running = shutdown.end_pending(self, cause)
+        log.info("stopping (%s): %d env creations and %d queued actions ended, %d running stopped", cause, creations, queued, running)
 
     async def aclose(self) -> None:
         """Idempotent. Unfinished actions end ``cancelled``; envs are destroyed by their
@@ -239,6 +251,8 @@ class Controller:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the controller is closed")
+        if self._stopping is not None:
+            raise RuntimeError(f"the controller is stopping ({self._stopping})")
 
     def learned_model(self, kind: str) -> Learned:
         """The online-learned elasticity curve of an action kind (used when a caller states none)."""
@@ -307,6 +321,8 @@ class Controller:
         """Request an env and wait until its sandbox is ready; ``EnvFailedError`` names why not.
         An image env carries its image's layers when a node's store knows them (placement
         prefers nodes holding them); ``SpecError`` on ``image`` if no node can run images."""
+        if self._stopping is not None and not self._closed:
+            raise EnvFailedError(f"env {spec.env_id}: {self._stopping}")
         self._check_open()
         spec = await resolve_env_image(self.node_agents, spec)
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:

@@ -20,6 +20,7 @@ from typing import Any
 
 from arl_tangram.agent.node import NodeAgent, check_replica_fits
 from arl_tangram.core.action import ServiceSpec
+from arl_tangram.core.errors import SpecError
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.managers.api.manager import ApiManager
@@ -48,6 +49,7 @@ class EmbeddedRuntime:
         cpu_config = cpu_config or CpuManagerConfig(
             pool_size=config.cpu.pool_size,
             default_spec=SandboxSpec(config.cpu.mem_bytes, config.cpu.pids_max, config.cpu.workspace_bytes, config.cpu.tmp_bytes),
+            kill_grace_s=config.cpu.kill_grace_s,
         )  # fmt: skip
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None
@@ -99,10 +101,14 @@ class EmbeddedRuntime:
         gpu = self.agent.gpu
         assert gpu is not None
         if service.folder is not None:
-            await asyncio.to_thread(gpu.register_folder, service.name, Path(service.folder), service.handler)
+            info = await asyncio.to_thread(gpu.register_folder, service.name, Path(service.folder), service.handler)
+            _check_loaded(info, "folder", service.folder)
         elif service.module is not None:
-            factory = _import_factory(service.module)
-            await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler)
+            # imported and called on a worker thread: an import's or a factory's time
+            # never stalls the loop (and ``module`` is an operator's: config or allowlist)
+            factory = await asyncio.to_thread(_import_factory, service.module)
+            info = await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler)
+            _check_loaded(info, "module", service.module)
         check_replica_fits(gpu, service.name, service.devices_min, service.devices_max)
         spec = self.agent.service_spec(service.name, service.devices_min, service.devices_max)
         self.controller.register_service(spec)
@@ -126,6 +132,13 @@ def _make_gpu_manager(config: TangramConfig) -> Any:
     else:
         devices = discover_devices(cpu_mem_bytes=(gpu.device_mem_bytes,) * int(gpu.devices), use_cuda=False)
     return GpuManager(devices)
+
+
+def _check_loaded(info: Any, field: str, source: str) -> None:
+    """A loader that raised left the service ``failed`` (the GPU manager caught it): the
+    registration ends as the caller's error, naming the source, and is not scheduled."""
+    if getattr(info, "error", None):
+        raise SpecError(field, f"must load a model (loading it failed: {info.error})", source)
 
 
 def _import_factory(path: str) -> Any:

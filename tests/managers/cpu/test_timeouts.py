@@ -16,10 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from arl_tangram.managers.cpu.actions import end_of_action, spawn_in_slot
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S
 from arl_tangram.managers.cpu.config import CpuManagerConfig
 from arl_tangram.managers.cpu.errors import InvalidRequestError
+from arl_tangram.managers.cpu.grants import grant_request
+from arl_tangram.managers.cpu.launch import LAUNCH_TIMEOUT_MARK, LAUNCH_TIMEOUT_RC
 from arl_tangram.managers.cpu.manager import CpuManager
+from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 
 TIMEOUTS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.2)
@@ -77,6 +81,23 @@ def test_exec_timeout_kills_at_any_moment(manager: CpuManager, sandbox: str, tim
         assert not gone_within({token}, KILL_GRACE_S), f"timeout_s={timeout_s}: the program outlived the kill grace"
 
 
+@pytest.mark.parametrize("delay_s", (0.0, 0.001, 0.002, 0.005, 0.02))
+def test_exec_cancel_kills_at_any_moment(manager: CpuManager, sandbox: str, delay_s: float) -> None:
+    """A cancel has no launcher timer behind it: the manager's own stop must end the run
+    whatever the launcher was doing (not yet joined, joined, running the program)."""
+    for _ in range(3):
+        token, program = sleeper()
+        cancel = threading.Event()
+        if delay_s == 0.0:
+            cancel.set()  # before the spawn
+        else:
+            threading.Timer(delay_s, cancel.set).start()
+        r = manager.exec(sandbox, program, cancel=cancel, timeout_s=30)
+        assert r.outcome is Outcome.CANCELLED, r
+        assert b"post-" not in r.stdout and r.wall_s <= delay_s + KILL_GRACE_S, r
+        assert not gone_within({token}, KILL_GRACE_S)
+
+
 @pytest.mark.parametrize("timeout_s", (0.001, 0.005, 0.05))
 def test_session_timeout_kills_and_hides_what_ran_after(manager: CpuManager, sandbox: str, timeout_s: float) -> None:
     session = manager.open_session(sandbox)
@@ -111,6 +132,28 @@ def test_concurrent_timeouts_kill_every_action(manager: CpuManager) -> None:
     finally:
         for sid in sandboxes:
             manager.destroy_sandbox(sid)
+
+
+def test_the_launcher_keeps_the_deadline_when_the_manager_runs_late(manager: CpuManager, sandbox: str) -> None:
+    """Nothing watches this run's deadline (as when the manager's threads are starved): the
+    native launcher's own timer kills the program's process group and says so."""
+    if launcher_path() is None:
+        pytest.skip("no C compiler here: sandboxes are entered without the native launcher")
+    sb = manager.get_sandbox(sandbox)
+    cpus = manager.reserve(grant_request(manager.topology, cores=1))
+    slot = sb.begin(cpus, 1000)
+    try:
+        for timeout_s in (0.001, 0.05):
+            token, program = sleeper()
+            proc = spawn_in_slot(sb, slot, ["/bin/sh", "-c", program], manager.base_env(sandbox, 1), "/workspace", False, timeout_s)
+            out, err = proc.communicate(timeout=10)
+            assert proc.returncode == LAUNCH_TIMEOUT_RC and err.endswith(LAUNCH_TIMEOUT_MARK), (proc.returncode, err)
+            assert b"post-" not in out
+            assert not alive_with({token}), "the launcher returned before the program's group was dead"
+            end_of_action(manager.driver, sb, slot)
+    finally:
+        sb.end(slot, keep="free")
+        manager.release(cpus)
 
 
 def test_kill_grace_is_validated() -> None:

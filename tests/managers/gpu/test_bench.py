@@ -55,6 +55,9 @@ def test_bench_prints_one_json_object_with_the_required_keys(
         "fragmentation_largest_free_extent_ratio",
         "loop_stall_p99_ms",
         "resident_call_slowdown_during_swaps",
+        "resident_call_p50_ms_quiet",
+        "resident_call_p50_ms_churn",
+        "resident_call_churn_ratio",
     ):
         assert isinstance(result[key], (int, float, str)), key
     mopd = result["mopd"]

@@ -87,3 +87,43 @@ def test_threads_calling_sync_in_parallel(
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
+
+
+def test_a_resident_service_answers_while_another_loads(
+    make_standalone: Callable[..., StandaloneGpuManager],
+    teacher_folders: list[Path],
+    teacher_footprint: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wrapper never loads under its policy lock: with another service's load held up
+    (the mechanism's ``load`` waits on an event), a call to a resident service completes."""
+    manager = make_standalone([2 * teacher_footprint])
+    manager.register_folder("resident", teacher_folders[0], "logprobs")
+    manager.register_folder("incoming", teacher_folders[1], "logprobs")
+    request = {"tokens": [1, 2, 3]}
+    expected = manager.call_sync("resident", request)
+    entered, release = threading.Event(), threading.Event()
+    real_load = manager.manager.load
+
+    def held_load(replica_id: str, service: str, devices: list[int]) -> float:
+        entered.set()
+        assert release.wait(60), "the held load was never released"
+        return real_load(replica_id, service, devices)
+
+    monkeypatch.setattr(manager.manager, "load", held_load)
+    loaded: dict[str, object] = {}
+    loader = threading.Thread(target=lambda: loaded.update(r=manager.call_sync("incoming", request)))
+    answered: dict[str, object] = {}
+    caller = threading.Thread(target=lambda: answered.update(r=manager.call_sync("resident", request)))
+    loader.start()
+    try:
+        assert entered.wait(30), "the incoming service's load never began"
+        caller.start()
+        caller.join(10)
+        assert answered.get("r") == expected, "a resident call waited for another service's load"
+    finally:
+        release.set()
+        loader.join(60)
+        if caller.ident is not None:
+            caller.join(60)
+    assert "r" in loaded and manager.num_loads["incoming"] == 1

@@ -33,7 +33,7 @@ class Registry:
         auth = ""
         if htpasswd:
             user, password = htpasswd
-            (workdir / "htpasswd").write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+            (workdir / "htpasswd").write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
             auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {workdir / 'htpasswd'}\n"
         (workdir / "config.yml").write_text(
             f"version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n"

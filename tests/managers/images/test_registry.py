@@ -224,3 +224,20 @@ def test_gc_during_pulls_never_removes_a_layer_in_use(make_store, registry: Regi
         assert all(x.digest in store.layer_bytes() for x in rec.layers)
     in_use = {x.digest for r in records for x in r.layers}
     assert not in_use & set(removed)
+
+
+def test_layers_of_a_pull_in_flight_survive_the_most_aggressive_gc(make_store, registry: Registry,
+                                                                   tmp_path: Path) -> None:
+    ref = push(registry, tmp_path, "inflight", [BASE, layer(50), layer(51)])
+    store = make_store(registries=creds(registry.host))
+    removed: list[str] = []
+
+    def on_progress(p) -> None:  # type: ignore[no-untyped-def]
+        if p.phase == "done":  # a layer is unpacked; the image is not committed yet
+            removed.extend(store.gc(target_bytes=0))
+
+    rec = store.pull(ref, progress=on_progress)
+    assert removed == []
+    assert all(x.path.exists() and x.digest in store.layer_bytes() for x in rec.layers)
+    store.remove(ref)
+    assert sorted(store.gc(target_bytes=0)) == sorted(x.digest for x in rec.layers)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -167,9 +168,15 @@ def test_truncated_blob_is_refused(tmp_path: Path, compression: str) -> None:
     refused(tmp_path, cut, "truncated", declared_bytes=len(blob))
 
 
-def test_layer_larger_than_declared_is_refused(tmp_path: Path) -> None:
-    blob = compress(LayerTar().file("big", os.urandom(300_000)).build(), "gzip")
-    refused(tmp_path, blob, "larger than its declared size", declared_bytes=len(blob) // 3)
+def test_layer_larger_than_declared_is_refused_while_reading(tmp_path: Path) -> None:
+    blob = compress(LayerTar().file("big", os.urandom(8 << 20)).build(), "gzip")
+    source = io.BytesIO(blob)
+    dest = tmp_path / "layer"
+    dest.mkdir()
+    with pytest.raises(LayerRefusedError, match="larger than its declared size") as info:
+        unpack_blob(source, dest, LABEL, declared_bytes=300_000)
+    assert LABEL in str(info.value)
+    assert source.tell() <= 300_000 + (2 << 20)  # stopped at the declared size, not at 8 MiB
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
@@ -185,3 +192,44 @@ def test_decompression_bomb_stops_at_the_cap(tmp_path: Path, compression: str) -
 
     refused(tmp_path, blob, "per-layer cap", charge_unpacked=charge)
     assert seen[0] <= cap + (2 << 20)  # stopped within a chunk or two, not after 64 MiB
+
+
+def test_sparse_member_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "holes", "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of holes: a few hundred bytes as a sparse tar member
+        f.write(b"end")
+    tar = subprocess.run(["tar", "-C", str(src), "--sparse", "--format=gnu", "-cf", "-", "holes"],
+                         capture_output=True, check=True).stdout
+    assert len(tar) < 1 << 20
+    refused(tmp_path, tar, "sparse file")
+
+
+def test_host_tree_unpacks_like_gnu_tar_but_shifted(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", "/usr/lib/python3.11/json", str(src)], check=True)
+    os.symlink("decoder.py", src / "alias.py")
+    os.link(src / "encoder.py", src / "encoder-hard.py")
+    os.chmod(src / "tool.py", 0o4750)
+    tar = subprocess.run(["tar", "-C", str(src), "--numeric-owner", "-cf", "-", "."], capture_output=True, check=True).stdout
+    ours = unpack(tmp_path, tar)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    subprocess.run(["tar", "-C", str(theirs), "--numeric-owner", "-xpf", "-"], input=tar, check=True)
+
+    def tree(root: Path) -> dict[str, tuple]:  # type: ignore[type-arg]
+        out = {}
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                p = Path(dirpath) / name
+                st = os.lstat(p)
+                body = os.readlink(p) if stat.S_ISLNK(st.st_mode) else (p.read_bytes() if stat.S_ISREG(st.st_mode) else b"")
+                out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode) if not
+                                                 stat.S_ISLNK(st.st_mode) else 0, body, st.st_uid, st.st_nlink)
+        return out
+
+    mine, gnu = tree(ours), tree(theirs)
+    assert sorted(mine) == sorted(gnu)
+    for name, (kind, mode, body, uid, nlink) in gnu.items():
+        assert mine[name] == (kind, mode, body, uid + UID_SHIFT, nlink), name

@@ -28,12 +28,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arl_tangram.api.compat.tenancy import Unauthorized, compat_state, tenant_for
+from arl_tangram.api.json_body import JsonBodyRoute, read_json
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState, Overloaded, new_id
 from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.runtime.actions import ActionResult, ServicePayload, read_result
 
-router = APIRouter(tags=["openai"], include_in_schema=False)  # its contract is OpenAI's and vLLM's
+router = APIRouter(tags=["openai"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's
 MAX_INPUTS = 256
 
 
@@ -140,7 +141,7 @@ async def _face(request: Request, work: Any) -> JSONResponse:
     state: ApiState = compat_state(request).api
     try:
         tenant = _tenant(state, request)
-        raw = await request.json() if request.method == "POST" else None
+        raw = await read_json(request) if request.method == "POST" else None
         if request.method == "POST" and not isinstance(raw, dict):
             raise OpenAIError(400, "the body must be a JSON object")
         return JSONResponse(await asyncio.shield(state.spawn(work(state, tenant, raw))))

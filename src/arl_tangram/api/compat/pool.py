@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -27,8 +28,17 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
-RESET_COMMAND = "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; exit 0"
+#: empties the writable places, then fails (exit 1, naming what is left) when anything could
+#: not be removed (a directory the run made unwritable, a file it keeps re-creating...): a
+#: failed reset retires the env (destroyed; the next borrower gets a new one), so a dirty
+#: sandbox never goes back to the pool
+RESET_COMMAND = (
+    "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; "
+    "left=$(find /workspace /tmp /dev/shm -mindepth 1 -print -quit 2>&1); "
+    '[ -z "$left" ] || { echo "reset left $left" >&2; exit 1; }'
+)
 RESET_TIMEOUT_S = 30.0
+log = logging.getLogger(__name__)
 
 
 def env_cpu(state: ApiState, env_id: str) -> Any:
@@ -91,6 +101,8 @@ class CodeEnvPool:
         self.creating: dict[str, int] = {}  # env id -> memory, from the decision until the controller holds it
         self.starved: set[str] = set()  # creations that started without the memory for them
         self.closed = False
+        # a stop wakes borrowers waiting for a full bucket: they end now, not at their timeout
+        state.stopping.add_done_callback(lambda _f: self._spawn(self._wake_all()))
 
     def _bucket(self, tenant: str, mem_bytes: int) -> _Bucket:
         key = (tenant, mem_bytes)
@@ -125,6 +137,8 @@ class CodeEnvPool:
                     await asyncio.wait_for(bucket.changed.wait(), max(left_s, 0.0))
                 except TimeoutError:
                     raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
+                if self.state.closing:
+                    raise Overloaded("the service is shutting down", 5.0)
         env_id = self.state.scoped(tenant, new_id("pool"))
         self.creating[env_id] = mem_bytes  # counted before its task runs: concurrent borrowers see it
         if starved:
@@ -188,6 +202,8 @@ class CodeEnvPool:
             result = await run_env_action(self.state, tenant, env_id, "compat:reset", payload)
             live = env_id in self.state.controller.env_specs
             reusable = result.ok and live and not self.closed and not self.starved
+            if not result.ok and live:
+                log.info("retiring code sandbox %s: its reset failed: %s", env_id, (result.stderr or result.cause or result.outcome)[:200])
         except Exception:  # a reset that could not even be submitted: never reuse the env
             reusable = False
         if not reusable:
@@ -207,6 +223,11 @@ class CodeEnvPool:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _wake_all(self) -> None:
+        for bucket in list(self.buckets.values()):
+            async with bucket.changed:
+                bucket.changed.notify_all()
 
     async def aclose(self) -> None:
         """Wait for resets in flight, then release every idle env. Idempotent."""

@@ -31,6 +31,7 @@ from arl_tangram.api.compat import jupyter
 from arl_tangram.api.compat.languages import resolve
 from arl_tangram.api.compat.pool import env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.state import Overloaded
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
@@ -38,7 +39,7 @@ from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
 MAX_FILES = 1000
-router = APIRouter(tags=["sandboxfusion"], include_in_schema=False)  # its contract is SandboxFusion's, not our OpenAPI
+router = APIRouter(tags=["sandboxfusion"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is SandboxFusion's, not our OpenAPI
 
 
 class RunCodeRequest(BaseModel):

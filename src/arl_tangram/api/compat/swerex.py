@@ -24,25 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import io
 import shlex
 import subprocess
-import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from arl_tangram.api.compat.pool import env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
+from arl_tangram.api.compat.upload_stream import receive_upload
+from arl_tangram.api.edge import BodyTooLarge
+from arl_tangram.api.json_body import JsonBodyRoute, read_json
 from arl_tangram.api.state import DEFAULT_TENANT, NotFound
+from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
-router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False)  # SWE-ReX's contract
+router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False, route_class=JsonBodyRoute)  # SWE-ReX's contract
 DEFAULT_TIMEOUT_S = 3600.0  # SWE-ReX's ``timeout: None``: no limit of its own; ours is an hour
-MAX_UPLOAD_BYTES = 256 << 20
+MAX_UNZIPPED_BYTES = 1 << 30  # an archive's members together, unpacked
 MAX_REPLIES = 64
 EXC = "swerex.exceptions."
 
@@ -96,6 +97,8 @@ async def _face(request: Request, env_id: str, work: Any) -> Response:
         return Response(content, status, media_type="application/json")
     try:
         response: Response = JSONResponse(await asyncio.shield(state.spawn(work(compat, tenant, internal, env))))
+    except BodyTooLarge:
+        raise  # the edge's 413, not a runtime failure
     except Exception as exc:  # noqa: BLE001 - every runtime failure goes to the client as SWE-ReX does
         response = _as_swerex(exc).response()
     if request_id is not None:
@@ -103,6 +106,14 @@ async def _face(request: Request, env_id: str, work: Any) -> Response:
         while len(env.replies) > MAX_REPLIES:
             env.replies.popitem(last=False)
     return response
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (422 naming the rule otherwise; parsed off the loop when large)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise SpecError("body", "must be a JSON object", type(body).__name__)
+    return body
 
 
 @router.get("/is_alive")
@@ -130,7 +141,7 @@ def _session(env: SwerexEnv, name: str) -> str:
 
 @router.post("/create_session")
 async def create_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         name = str(body.get("session", "default"))
@@ -155,7 +166,7 @@ async def _in_session(compat: CompatState, tenant: str, internal: str, env: Swer
 
 @router.post("/run_in_session")
 async def run_in_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         name = str(body.get("session", "default"))
@@ -196,7 +207,7 @@ async def _interrupt(compat: CompatState, env: SwerexEnv, name: str) -> dict[str
 
 @router.post("/close_session")
 async def close_session(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         session_id = _session(env, str(body.get("session", "default")))
@@ -221,7 +232,7 @@ def _argv(body: dict[str, Any]) -> tuple[str, ...]:
 
 @router.post("/execute")
 async def execute(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         timeout_s = float(body.get("timeout") or DEFAULT_TIMEOUT_S)
@@ -242,7 +253,7 @@ async def execute(request: Request, env_id: str) -> Response:
 
 @router.post("/read_file")
 async def read_file(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         data: bytes = await asyncio.to_thread(env_cpu(compat.api, internal).read_file, internal, str(body["path"]))
@@ -253,7 +264,7 @@ async def read_file(request: Request, env_id: str) -> Response:
 
 @router.post("/write_file")
 async def write_file(request: Request, env_id: str) -> Response:
-    body = await request.json()
+    body = await _json_object(request)
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
         await asyncio.to_thread(env_cpu(compat.api, internal).write_file, internal, str(body["path"]), str(body["content"]))
@@ -264,39 +275,24 @@ async def write_file(request: Request, env_id: str) -> Response:
 
 @router.post("/upload")
 async def upload(request: Request, env_id: str) -> Response:
-    """A file (``unzip`` false) or a zipped directory (``unzip`` true) to ``target_path``."""
-    if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
-        return SwerexError("builtins.ValueError", f"upload: must be at most {MAX_UPLOAD_BYTES} bytes").response()
-    form = await request.form()
-    upload_file, target = form.get("file"), str(form.get("target_path", ""))
-    unzip = str(form.get("unzip", "false")).lower() == "true"
-    blob = await upload_file.read() if isinstance(upload_file, StarletteUploadFile) else b""
+    """A file (``unzip`` false) or a zipped directory (``unzip`` true) to ``target_path``,
+    streamed into the env's sandbox as it arrives (``upload_stream``), never spooled on the
+    host; the body is capped by ``[service] max_upload_bytes`` (413)."""
 
     async def work(compat: CompatState, tenant: str, internal: str, env: SwerexEnv) -> dict[str, Any]:
-        if not target:
-            raise SwerexError("builtins.ValueError", "target_path: is required")
-        cpu = env_cpu(compat.api, internal)
-        files = _unzipped(blob, target) if unzip else {target: blob}
-        for path, data in files.items():
-            await asyncio.to_thread(cpu.write_file, internal, path, data)
+        spool = await asyncio.to_thread(env_cpu(compat.api, internal).open_spool, internal)
+        try:
+            fields = await receive_upload(request, spool)
+            target = fields.get("target_path", "")
+            if not target:
+                raise SwerexError("builtins.ValueError", "target_path: is required")
+            unzip = fields.get("unzip", "false").lower() == "true"
+            await asyncio.to_thread(spool.place, target, unzip, MAX_UNZIPPED_BYTES)
+        finally:
+            await asyncio.to_thread(spool.close)
         return {}
 
     return await _face(request, env_id, work)
-
-
-def _unzipped(blob: bytes, target: str) -> dict[str, bytes]:
-    """The archive's regular files by their path under ``target`` (bounded in total)."""
-    out: dict[str, bytes] = {}
-    total = 0
-    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
-        for info in archive.infolist():
-            if info.is_dir():
-                continue
-            total += info.file_size
-            if total > MAX_UPLOAD_BYTES:
-                raise SwerexError("builtins.ValueError", f"upload: the archive must unpack to at most {MAX_UPLOAD_BYTES} bytes")
-            out[f"{target.rstrip('/')}/{info.filename}"] = archive.read(info)
-    return out
 
 
 @router.post("/close")

@@ -123,6 +123,7 @@ async def start_ray_runtime(
     cpu_config = CpuManagerConfig(
         pool_size=config.cpu.pool_size,
         default_spec=SandboxSpec(config.cpu.mem_bytes, config.cpu.pids_max, config.cpu.workspace_bytes, config.cpu.tmp_bytes),
+        kill_grace_s=config.cpu.kill_grace_s,
     )  # fmt: skip
     if settings.max_output_bytes is not None:  # outputs stay on their node: a larger cap is cheap
         cpu_config = replace(cpu_config, max_output_bytes=settings.max_output_bytes)

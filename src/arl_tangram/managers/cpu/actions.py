@@ -15,6 +15,7 @@ when the sandbox is being destroyed.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -31,12 +32,14 @@ from arl_tangram.managers.cpu.launch import (
     HOST_ENV,
     LAUNCH_FAILED_RC,
     LAUNCH_MARK,
+    LAUNCH_TIMEOUT_MARK,
+    LAUNCH_TIMEOUT_RC,
     join_then_exec,
     native_argv,
     nsenter_argv,
 )
 from arl_tangram.managers.cpu.native_launcher import launcher_path
-from arl_tangram.managers.cpu.proc_io import OutputSink, pump
+from arl_tangram.managers.cpu.proc_io import OutputSink, PumpResult, pump
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
@@ -56,12 +59,18 @@ class ActionRequest:
     kill_grace_s: float = KILL_GRACE_S  # a timed-out action's processes are gone within this
 
 
-def spawn_in_slot(sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool) -> subprocess.Popen[bytes]:
-    """Start ``argv`` inside the sandbox, its process already in ``slot``'s cgroups."""
+def spawn_in_slot(
+    sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool, timeout_s: float | None = None
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start ``argv`` inside the sandbox, its process already in ``slot``'s cgroups. With
+    ``timeout_s`` the native launcher also kills the program's process group on its own
+    timer (a backstop kept by the kernel: ``pump``'s deadline, measured from earlier, comes
+    first unless the manager's threads run late)."""
     join = sandbox.slot_join_files(slot)
     launcher = launcher_path()
     if launcher is not None:
-        full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv)
+        timeout_ms = 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
+        full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv, timeout_ms)
     elif sandbox.layout.root is not None:  # the fallback keeps every capability: never on an image
         raise CpuManagerError(f"sandbox {sandbox.sandbox_id}: actions on an image root need the native launcher")
     else:
@@ -109,6 +118,15 @@ def _wait_exited(pid: int, timeout_s: float) -> bool:
         delay_s = min(delay_s * 2, 0.01)
 
 
+def _timings(spawn_s: float, started: float, res: PumpResult) -> dict[str, float]:
+    """``spawn_s``; for a stopped run also ``stop_s`` (when its deadline or cancel was acted
+    on) and ``killed_s`` (when its processes were gone), both from its start."""
+    out = {"spawn_s": spawn_s}
+    if res.stop_at is not None and res.killed_at is not None:
+        out.update(stop_s=res.stop_at - started, killed_s=res.killed_at - started)
+    return out
+
+
 def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[int, str | None]:
     """Kill what the action left in its slot: (tasks killed, error when some survived, in
     which case the sandbox is marked dead: its pids budget can no longer be trusted)."""
@@ -146,14 +164,19 @@ def _run(
     driver.reset_slot_counters(sandbox.group, slot)
     oom_before = driver.oom_kills(sandbox.group)
     started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
-    proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None)
+    proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, req.timeout_s)
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
         stop_grace_s=req.kill_grace_s,
     )  # fmt: skip
-    killed, error = (0, None) if req.background and not (res.timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
+    # the launcher's own timer fired first (this thread ran late): a timeout all the same
+    by_launcher = res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK)
+    timed_out = res.timed_out or by_launcher
+    if by_launcher and res.stderr.data.endswith(LAUNCH_TIMEOUT_MARK):
+        del res.stderr.data[-len(LAUNCH_TIMEOUT_MARK) :]  # the launcher's word, not the program's
+    killed, error = (0, None) if req.background and not (timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
     wall_s = time.perf_counter() - t0
     cancelled = res.cancelled or sandbox.is_destroying
     if cancelled:
@@ -163,7 +186,7 @@ def _run(
     elif not sandbox.alive():
         error = error or f"sandbox died during the action: {sandbox.dead_reason}"
     oom_kills = driver.oom_kills(sandbox.group) - oom_before
-    outcome = classify(exit_code=res.returncode, timed_out=res.timed_out, cancelled=cancelled, oom_kills=oom_kills, error=error)
+    outcome = classify(exit_code=res.returncode, timed_out=timed_out, cancelled=cancelled, oom_kills=oom_kills, error=error)
     return ExecResult(
         outcome=outcome, exit_code=res.returncode,
         stdout=bytes(res.stdout.data), stderr=bytes(res.stderr.data),
@@ -172,5 +195,5 @@ def _run(
         wall_s=wall_s, cpu_s=driver.slot_cpu_ns(sandbox.group, slot) / 1e9,
         peak_mem_bytes=driver.slot_peak_bytes(sandbox.group, slot),
         cores=len(grant[0]), cpus=grant[0], millicores=grant[1], error=error, leftovers_killed=killed,
-        timings={"spawn_s": t_spawned - t0},
+        timings=_timings(t_spawned - t0, started, res),
     )  # fmt: skip

@@ -17,6 +17,12 @@ class InvalidRequestError(CpuManagerError, ValueError):
         super().__init__(f"{field}: {rule} (got {value!r})")
 
 
+class ConflictError(InvalidRequestError):
+    """Well-formed input that the sandbox's current state refuses: a missing directory, a
+    directory where a file must be, a symlink on the way, a full workspace, a file over the
+    read cap. (The HTTP API answers 409; it is still a ``ValueError`` for other callers.)"""
+
+
 class CgroupUnavailableError(CpuManagerError):
     """cgroups cannot be used for isolation (not root, no delegation, missing controller).
 

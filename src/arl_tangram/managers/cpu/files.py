@@ -27,9 +27,9 @@ import os
 import posixpath
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from arl_tangram.managers.cpu.errors import CpuManagerError, InvalidRequestError
+from arl_tangram.managers.cpu.errors import ConflictError, InvalidRequestError
 from arl_tangram.managers.cpu.inroot import dir_in_root, open_in_root
 from arl_tangram.managers.cpu.launch import SandboxLayout
 
@@ -89,6 +89,11 @@ def _walk(root_dir: str, parts: tuple[str, ...], create: bool) -> Iterator[int]:
             os.close(fd)
 
 
+# for modules that stream into a sandbox (spool): the same two safety rules
+as_sandbox_user = _as_sandbox_user
+walk_dir = _walk
+
+
 def _parent(root_fd: int, layout: SandboxLayout, parts: tuple[str, ...], create: bool) -> contextlib.AbstractContextManager[int]:
     """The directory ``parts`` names: resolved inside the root on an image, else walked
     without following any link."""
@@ -113,24 +118,37 @@ def _need_leaf(parts: tuple[str, ...], path: str) -> None:
 def _mapped(exc: OSError, path: str) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"no such file in the sandbox: {path}")
-    if exc.errno == 28:
-        return CpuManagerError(f"sandbox workspace is full (writing {path})")
+    if exc.errno == 28:  # the tenant's own quota: bad input for this call, not a failure
+        return ConflictError("path", "must fit the sandbox's free space (its workspace, /tmp or writable layer is full)", path)
     if exc.errno == 40 or isinstance(exc, NotADirectoryError):
-        return InvalidRequestError("path", "must not pass through a symlink or a non-directory", path)
+        return ConflictError("path", "must not pass through a symlink or a non-directory", path)
     return exc
 
 
 def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode: int = 0o644) -> None:
     """Create or atomically replace the file at ``path`` (parents created); O(len(data))."""
+    write_stream(root_fd, layout, path, (data,), len(data), mode)
+
+
+def write_stream(root_fd: int, layout: SandboxLayout, path: str, chunks: Iterable[bytes], cap_bytes: int, mode: int = 0o644) -> int:
+    """``write_file`` from chunks as they come (a streamed upload, a zip member): at most
+    ``cap_bytes`` in all, else nothing is left behind; returns the bytes written."""
     parts = sandbox_path(path, layout)
     _need_leaf(parts, path)
+    if layout.root is None and (len(parts) == 1 or "/" + "/".join(parts) == layout.workspace):
+        raise ConflictError("path", f"must name a file below {layout.workspace} or /tmp, not the directory itself", path)
+    written = 0
     try:
         with _as_sandbox_user(layout), _parent(root_fd, layout, parts[:-1], create=True) as dfd:
             tmp = f".tangram-tmp-{secrets.token_hex(6)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777, dir_fd=dfd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    for chunk in chunks:
+                        written += len(chunk)
+                        if written > cap_bytes:
+                            raise InvalidRequestError("data", f"must be at most {cap_bytes} bytes", written)
+                        f.write(chunk)
                 os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -138,6 +156,7 @@ def write_file(root_fd: int, layout: SandboxLayout, path: str, data: bytes, mode
                 raise
     except OSError as exc:
         raise _mapped(exc, path) from exc
+    return written
 
 
 def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, max_bytes: int | None = None) -> bytes:
@@ -151,13 +170,13 @@ def read_file(root_fd: int, layout: SandboxLayout, path: str, cap_bytes: int, ma
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise InvalidRequestError("path", "must name a regular file", path)
+                    raise ConflictError("path", "must name a regular file", path)
                 want = cap_bytes if max_bytes is None else min(max_bytes, cap_bytes)
                 if max_bytes is None and st.st_size > cap_bytes:
-                    raise InvalidRequestError("path", f"file is {st.st_size} bytes, over the cap of {cap_bytes} (config.max_file_bytes)", path)
+                    raise ConflictError("path", f"file is {st.st_size} bytes, over the cap of {cap_bytes} (config.max_file_bytes)", path)
                 data = f.read(want + 1)
                 if len(data) > want and max_bytes is None:
-                    raise InvalidRequestError("path", f"file grew over the cap of {cap_bytes} bytes while read", path)
+                    raise ConflictError("path", f"file grew over the cap of {cap_bytes} bytes while read", path)
                 return data[:want]
     except OSError as exc:
         raise _mapped(exc, path) from exc
@@ -212,3 +231,14 @@ def _scan(dfd: int, prefix: str, out: list[tuple[str, bool]]) -> None:
                 os.close(sub)
         elif is_file:
             out.append((rel, False))
+
+
+def require_dir(root_fd: int, layout: SandboxLayout, path: str, field: str) -> None:
+    """``ConflictError`` naming ``field`` unless ``path`` is a directory (no link followed on
+    the host root; resolved inside the root on an image)."""
+    parts = sandbox_path(path, layout, field)
+    try:
+        with _as_sandbox_user(layout), _parent(root_fd, layout, parts, create=False):
+            return
+    except OSError:
+        raise ConflictError(field, "must name an existing directory in the sandbox (no symlink on the way)", path) from None

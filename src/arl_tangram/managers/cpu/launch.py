@@ -23,6 +23,10 @@ from arl_tangram.managers.cpu.rootfs import ImageRoot
 #: on its own: the launcher also writes ``LAUNCH_MARK`` to stderr)
 LAUNCH_FAILED_RC = 125
 LAUNCH_MARK = b"arl-tangram-launch:"
+#: exit status of the native launcher when its own timer killed the program; it also writes
+#: ``LAUNCH_TIMEOUT_MARK`` to stderr
+LAUNCH_TIMEOUT_RC = 124
+LAUNCH_TIMEOUT_MARK = b"\narl-tangram-launch: timeout\n"
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -96,11 +100,14 @@ def nsenter_argv(init_pid: int, layout: SandboxLayout, cwd: str, env: Mapping[st
 
 
 def native_argv(
-    launcher: str, join_files: Sequence[str], init_pid: int, layout: SandboxLayout, cwd: str, env: Mapping[str, str], argv: Sequence[str]
-) -> list[str]:
-    """The same as ``join_then_exec(join_files, nsenter_argv(...))`` in one native exec."""
+    launcher: str, join_files: Sequence[str], init_pid: int, layout: SandboxLayout, cwd: str, env: Mapping[str, str], argv: Sequence[str],
+    timeout_ms: int = 0,
+) -> list[str]:  # fmt: skip
+    """The same as ``join_then_exec(join_files, nsenter_argv(...))`` in one native exec; with
+    ``timeout_ms`` > 0 the launcher itself kills the program's process group that long after
+    it started (see ``native_launcher``)."""
     pairs = [f"{k}={v}" for k, v in sorted(env.items())]
     return [
         launcher, str(len(join_files)), *join_files, str(init_pid), str(layout.sandbox_uid),
-        str(layout.sandbox_gid), cwd, str(len(pairs)), *pairs, "--", *argv,
+        str(layout.sandbox_gid), cwd, str(max(0, timeout_ms)), str(len(pairs)), *pairs, "--", *argv,
     ]  # fmt: skip

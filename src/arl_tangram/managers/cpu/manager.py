@@ -57,6 +57,7 @@ from arl_tangram.managers.cpu.results import ExecResult, Outcome
 from arl_tangram.managers.cpu.rootfs_native import helper_path
 from arl_tangram.managers.cpu.sandbox import Holding, Sandbox, SandboxGoneError, SandboxState
 from arl_tangram.managers.cpu.session_runner import SessionRegistry
+from arl_tangram.managers.cpu.spool import Spool
 from arl_tangram.managers.cpu.topology import CpuTopology, read_topology
 from arl_tangram.managers.cpu.transfer import Transfers
 
@@ -456,6 +457,11 @@ class CpuManager:
         """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
         return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
 
+    def open_spool(self, sandbox_id: str) -> Spool:
+        """A streamed upload into the sandbox, spooled in its own /tmp (see ``spool``);
+        the caller closes it."""
+        return Spool(self.get_sandbox(sandbox_id), self.config.max_file_bytes)
+
     def upload(self, sandbox_id: str, host_path: str, path: str) -> int:
         """Copy a host file or directory tree into the sandbox; returns the files copied."""
         if not os.path.exists(host_path):
@@ -468,8 +474,13 @@ class CpuManager:
 
     # -- sessions (see session_runner) ----------------------------------------------------
     def open_session(self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
-        """Start a persistent bash in the sandbox; returns its session id."""
-        return self.sessions.open(sandbox_id, validate_env(env), self._cwd(cwd, self.get_sandbox(sandbox_id).layout))
+        """Start a persistent bash in the sandbox; returns its session id. ``cwd`` must be
+        an existing directory (else ``ConflictError`` naming it, before bash starts)."""
+        sandbox = self.get_sandbox(sandbox_id)
+        where = self._cwd(cwd, sandbox.layout)
+        if cwd is not None:
+            self.transfers.require_dir(sandbox, where, "cwd")
+        return self.sessions.open(sandbox_id, validate_env(env), where)
 
     def run_in_session(
         self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,
@@ -478,7 +489,9 @@ class CpuManager:
     ) -> ExecResult:  # fmt: skip
         """Run a command in the session's shell (state persists) under exactly the named
         grant, as ``exec``. A timeout kills the command's processes (the session's background
-        jobs too) and keeps the shell; a close or destroy meanwhile ends it ``cancelled``."""
+        jobs too) within the kill grace and keeps the shell; the result's output ends where
+        the command was stopped and its ``exit_code`` is None. A close or destroy meanwhile
+        ends it ``cancelled``."""
         if not isinstance(command, str) or "\0" in command:
             raise InvalidRequestError("command", "must be a string without NUL bytes", command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)

@@ -22,12 +22,16 @@ log = logging.getLogger(__name__)
 
 SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run a program.
  *
- * usage: launcher N CGFILE... INIT_PID UID GID CWD M KEY=VALUE... -- ARGV...
+ * usage: launcher N CGFILE... INIT_PID UID GID CWD TIMEOUT_MS M KEY=VALUE... -- ARGV...
  * Writes its own pid into the N cgroup.procs files (so the program starts inside the
  * sandbox's limits), enters every namespace of INIT_PID (user last), drops to UID/GID,
  * forks (the pid namespace applies to children), and the child execs ARGV in CWD with
  * exactly the M environment entries. The parent waits and mirrors the child's status.
  * Exit 125 with "arl-tangram-launch:" on stderr when something before exec fails.
+ * With TIMEOUT_MS > 0 the child leads its own process group and, TIMEOUT_MS after the
+ * launcher started, the parent SIGKILLs that group, reaps the child, writes
+ * "arl-tangram-launch: timeout" on stderr and exits 124: the deadline is kept by the kernel
+ * even when the manager's own threads run late (it then kills the rest through the cgroup).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,6 +44,7 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw
@@ -54,7 +59,24 @@ static void die(const char *what, const char *arg) {
 
 static int to_int(const char *s) { return (int)strtol(s, NULL, 10); }
 
+/* 1 when the child exited before the deadline (its status in *status), 0 at the deadline */
+static int wait_until(pid_t child, struct timespec end, const sigset_t *chld, int *status) {
+    for (;;) {
+        pid_t r = waitpid(child, status, WNOHANG);
+        if (r == child) return 1;
+        if (r < 0 && errno != EINTR) die("waitpid", NULL);
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long left_ns = (long long)(end.tv_sec - now.tv_sec) * 1000000000LL + (end.tv_nsec - now.tv_nsec);
+        if (left_ns <= 0) return 0;
+        struct timespec left = {(time_t)(left_ns / 1000000000LL), (long)(left_ns % 1000000000LL)};
+        sigtimedwait(chld, NULL, &left); /* a SIGCHLD, the time left, or EINTR: look again */
+    }
+}
+
 int main(int argc, char **argv) {
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end); /* the deadline counts from here, before the join */
     /* user last: bwrap nests the init's user namespace below the one owning the others,
      * so they are entered while still privileged in the host namespace */
     static const char *ns_names[] = {"ipc", "uts", "net", "pid", "mnt", "user"};
@@ -69,12 +91,16 @@ int main(int argc, char **argv) {
         if (fd < 0 || write(fd, buf, len) != len) die("cannot join cgroup", argv[i]);
         close(fd);
     }
-    if (i + 5 > argc) { errno = EINVAL; die("usage", NULL); }
+    if (i + 6 > argc) { errno = EINVAL; die("usage", NULL); }
     const char *init_pid = argv[i++];
     uid_t uid = (uid_t)to_int(argv[i++]);
     gid_t gid = (gid_t)to_int(argv[i++]);
     const char *cwd = argv[i++];
+    long long timeout_ms = strtoll(argv[i++], NULL, 10);
     int n_env = to_int(argv[i++]);
+    end.tv_sec += (time_t)(timeout_ms / 1000);
+    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) { end.tv_sec++; end.tv_nsec -= 1000000000L; }
     char **envp = &argv[i];
     i += n_env;
     if (i >= argc || strcmp(argv[i], "--") != 0 || i + 1 >= argc) { errno = EINVAL; die("usage", NULL); }
@@ -99,9 +125,17 @@ int main(int argc, char **argv) {
     }
     if (setgid(gid) != 0) die("setgid", NULL);
     if (setuid(uid) != 0) die("setuid", NULL);
+    sigset_t chld, old_mask;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (timeout_ms > 0) sigprocmask(SIG_BLOCK, &chld, &old_mask); /* before fork: none is lost */
     pid_t child = fork();
     if (child < 0) die("fork", NULL);
     if (child == 0) {
+        if (timeout_ms > 0) {
+            sigprocmask(SIG_SETMASK, &old_mask, NULL);
+            setpgid(0, 0);
+        }
         if (chdir(cwd) != 0) {
             fprintf(stderr, "cannot change directory to %s: %s\n", cwd, strerror(errno));
             _exit(126);
@@ -111,8 +145,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", prog[0], strerror(errno));
         _exit(errno == ENOENT ? 127 : 126);
     }
-    int status;
-    while (waitpid(child, &status, 0) < 0) {
+    int status, reaped = timeout_ms > 0 && wait_until(child, end, &chld, &status);
+    if (timeout_ms > 0 && !reaped) {
+        kill(-child, SIGKILL); /* the group (ESRCH if the child had not made it yet) */
+        kill(child, SIGKILL);
+        while (waitpid(child, &status, 0) < 0) {
+            if (errno != EINTR) die("waitpid", NULL);
+        }
+        fprintf(stderr, "\narl-tangram-launch: timeout\n");
+        _exit(124);
+    }
+    while (!reaped && waitpid(child, &status, 0) < 0) {
         if (errno != EINTR) die("waitpid", NULL);
     }
     if (WIFSIGNALED(status)) {

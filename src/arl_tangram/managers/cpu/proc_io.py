@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 _CHUNK = 65536
 _STOP_GRACE_S = 10.0
+_TAIL_BYTES = 64
 
 
 #: ``on_output(stream, chunk)``: called on the pumping thread with each chunk read
@@ -33,12 +34,14 @@ class StreamBuffer:
     total_bytes: int = 0
     name: str = ""
     sink: OutputSink | None = None
+    tail: bytes = b""  # the last bytes written, capped or not (a launcher's closing mark)
 
     def feed(self, chunk: bytes) -> None:
         room = self.cap_bytes - len(self.data)
         if room > 0:
             self.data += chunk[:room]
         self.total_bytes += len(chunk)
+        self.tail = (self.tail + chunk)[-_TAIL_BYTES:]
         if self.sink is not None:
             self.sink(self.name, chunk)
 
@@ -54,6 +57,8 @@ class PumpResult:
     stderr: StreamBuffer
     timed_out: bool
     cancelled: bool
+    stop_at: float | None = None  # monotonic: when the deadline (or cancel) was acted on
+    killed_at: float | None = None  # monotonic: when ``on_stop`` returned (the kill done)
 
 
 def pump(
@@ -96,6 +101,7 @@ def pump(
             proc.stdin.close()
     deadline = (time.monotonic() if started is None else started) + timeout_s
     stopped = timed_out = cancelled = exited = False
+    stop_at = killed_at = None
     try:
         while not exited:
             now = time.monotonic()
@@ -103,7 +109,9 @@ def pump(
                 is_cancel = cancel is not None and cancel.is_set()
                 if (now >= deadline or is_cancel) and not _exited(pidfd):
                     timed_out, cancelled, stopped = not is_cancel, is_cancel, True
+                    stop_at = now
                     on_stop()
+                    killed_at = time.monotonic()
                     # the process tree is dead or dying; never wait on it for long
                     deadline = time.monotonic() + stop_grace_s
                     continue
@@ -124,7 +132,7 @@ def pump(
         _drain(sel, drain_s)
     finally:
         _close(sel, proc, pidfd)
-    return PumpResult(proc.returncode, out, err, timed_out, cancelled)
+    return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at)
 
 
 def _exited(pidfd: int) -> bool:

@@ -41,6 +41,13 @@ class Transfers:
         finally:
             os.close(root)
 
+    def require_dir(self, sb: Sandbox, path: str, field: str) -> None:
+        root = sb.open_root()
+        try:
+            files.require_dir(root, sb.layout, path, field)
+        finally:
+            os.close(root)
+
     def _host_file(self, host_path: str, budget: int) -> tuple[bytes, int]:
         fd = os.open(host_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:

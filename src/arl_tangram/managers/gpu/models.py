@@ -69,7 +69,8 @@ def _max_length(path: Path, config: Any, tokenizer: Any) -> int:
 
 
 def load_folder(path: str | Path, kind: str) -> LoadedModel:
-    """Build the module of a local model folder (safetensors + config.json) on the host.
+    """Build the module of a local model folder (safetensors + config.json) on the host;
+    a folder without safetensors weights fails (pickled weights are never loaded).
 
     ``logprobs`` services load a causal LM head, ``classify`` a sequence-classification
     head, ``embed``/``score`` the bare encoder.
@@ -79,7 +80,8 @@ def load_folder(path: str | Path, kind: str) -> LoadedModel:
         raise FileNotFoundError(f"{folder} has no config.json")
     tf = _transformers()
     auto = {"logprobs": tf.AutoModelForCausalLM, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
-    module = auto.from_pretrained(str(folder), local_files_only=True, dtype="auto")
+    # safetensors only: a folder's pickled weights (pytorch_model.bin) are never unpickled
+    module = auto.from_pretrained(str(folder), local_files_only=True, dtype="auto", use_safetensors=True)
     tokenizer = None
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
         tokenizer = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -28,9 +28,11 @@ Progress = Callable[[PullProgress], None]
 class Installer:
     """Installs images into one store's layers; ``commit`` publishes the finished image."""
 
-    def __init__(self, layers: LayerSet, commit: Callable[[IndexedImage], ImageRecord]) -> None:
+    def __init__(self, layers: LayerSet, commit: Callable[[IndexedImage], ImageRecord],
+                 canonical: Callable[[str], str | None]) -> None:
         self._layers = layers
         self._commit = commit
+        self._canonical = canonical  # a source's own names (RepoTags) as the store indexes them
 
     def pull(self, client: RegistryClient, ref: ImageReference, progress: Progress | None) -> ImageRecord:
         resolved = client.resolve(ref)
@@ -54,7 +56,8 @@ class Installer:
             config_bytes = source.config_bytes or _synth_config([r.digest for r in records])
             raw = source.config or mf.parse_config(config_bytes, label)
             uid, gid = resolve_user(raw.user, [r.path for r in records], label)
-            refs = tuple(dict.fromkeys(((reference,) if reference else ()) + source.references))
+            named = tuple(c for c in map(self._canonical, source.references) if c is not None)
+            refs = tuple(dict.fromkeys(((reference,) if reference else ()) + named))
             config = ImageConfig(raw.env, raw.working_dir, raw.user, uid, gid)
             image = IndexedImage(mf.sha256_digest(config_bytes), refs, tuple(r.digest for r in records), config)
             return self._commit(image)

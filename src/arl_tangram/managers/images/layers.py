@@ -47,6 +47,7 @@ class LayerSet:
         self._holds: Counter[str] = Counter()
         self._flights: dict[str, Future[LayerRecord]] = {}
         self._reserved = 0
+        self._used = 0  # sum of the present layers' bytes, kept so the per-chunk check is O(1)
         self._slots = threading.BoundedSemaphore(max_concurrent)
 
     def path(self, digest: str) -> Path:
@@ -58,7 +59,7 @@ class LayerSet:
 
     def used_bytes(self) -> int:
         with self.lock:
-            return sum(v.unpacked_bytes for v in self.layers.values())
+            return self._used
 
     def touch(self, digests: tuple[str, ...], now: float | None = None) -> None:
         """Mark layers used (the LRU clock of GC); the caller holds the lock."""
@@ -122,7 +123,7 @@ class LayerSet:
                 result = unpack(tmp, charge)
                 if expected is not None and result.diff_id != expected:
                     raise LayerRefusedError("layer", f"{label}: diff_id is {result.diff_id}, expected {expected}")
-                return self._commit(tmp, result, held=expected is not None)
+                return self._commit(tmp, result, held=expected is not None, charged=charged)
             finally:
                 with self.lock:
                     self._reserved -= charged[0]
@@ -144,12 +145,15 @@ class LayerSet:
                              f"({self._used_locked()} bytes held by images in use)")
 
     def _used_locked(self) -> int:
-        return sum(v.unpacked_bytes for v in self.layers.values())
+        return self._used
 
-    def _commit(self, tmp: Path, result: BlobResult, held: bool) -> LayerRecord:
+    def _commit(self, tmp: Path, result: BlobResult, held: bool, charged: list[int]) -> LayerRecord:
         digest = result.diff_id
         final = self.path(digest)
         with self.lock:
+            # the reservation becomes the layer's bytes in one step: never counted twice
+            self._reserved -= charged[0]
+            charged[0] = 0
             if not held:
                 self._holds[digest] += 1
             if digest in self.layers:  # unpacked meanwhile by another path (a rootfs twin)
@@ -157,6 +161,7 @@ class LayerSet:
                 return self.record(digest)
             os.rename(tmp, final)  # a rename: atomic, and no copy under the lock
             self.layers[digest] = IndexedLayer(result.unpacked_bytes, time.time())
+            self._used += result.unpacked_bytes
             record = self.record(digest)
         self._on_change()
         return record
@@ -172,7 +177,7 @@ class LayerSet:
                                      keep, self._used_locked() + self._reserved, target_bytes)
             moved = []
             for digest in victims:
-                del self.layers[digest]
+                self._used -= self.layers.pop(digest).unpacked_bytes
                 grave = self.tmp / f"{TEMP_MARK}gc-{digest.split(':', 1)[1]}-{os.getpid()}-{time.monotonic_ns()}"
                 os.rename(self.path(digest), grave)  # a rename, so the index and the tree agree
                 moved.append(grave)
@@ -192,6 +197,7 @@ class LayerSet:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         present = {p.name for p in self.dir.iterdir()}
         self.layers = {d: v for d, v in indexed.items() if d.split(":", 1)[1] in present}
+        self._used = sum(v.unpacked_bytes for v in self.layers.values())
         known = {d.split(":", 1)[1] for d in self.layers}
         for name in present - known:
             shutil.rmtree(self.dir / name, ignore_errors=True)

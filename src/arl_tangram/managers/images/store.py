@@ -50,7 +50,7 @@ class ImageStore:
                                self._protected, self._save)
         self.layers.recover(layers)
         self._images = {i: v for i, v in self._images.items() if all(d in self.layers.layers for d in v.layers)}
-        self._installer = Installer(self.layers, self._commit_image)
+        self._installer = Installer(self.layers, self._commit_image, self._canonical_or_none)
         self._save()
 
     def close(self) -> None:
@@ -62,7 +62,14 @@ class ImageStore:
 
     # -- feeding the store ---------------------------------------------------------------
     def pull(self, reference: str, progress: Progress | None = None) -> ImageRecord:
-        """Pull ``reference`` from its registry; concurrent pulls of it share one pull."""
+        """Pull ``reference`` from its registry; concurrent pulls of it share one pull (and its
+        outcome; progress goes to the first caller's callback). An image id is answered from
+        the store (it names no registry)."""
+        if is_image_id(reference):
+            found = self.lookup(reference)
+            if found is None:
+                raise ImageNotFoundError("image", "an image id names no registry, and it is not in the store", reference)
+            return found
         ref = parse_reference(reference, self.config.default_registry, need_registry=True)
         key = ref.canonical()
         with self._lock:
@@ -142,9 +149,11 @@ class ImageStore:
         with self._lock:
             self._pins.pop(holder_id, None)
 
-    def gc(self) -> list[str]:
-        """Remove unpinned, unreferenced layers LRU-first while over ``max_store_bytes``."""
-        return self.layers.evict(target_bytes=self.config.max_store_bytes)
+    def gc(self, target_bytes: int | None = None) -> list[str]:
+        """Remove unpinned, unreferenced layers no pull holds, LRU-first, while the store holds
+        more than ``target_bytes`` (default ``max_store_bytes``; 0 = every unused layer)."""
+        target = self.config.max_store_bytes if target_bytes is None else target_bytes
+        return self.layers.evict(target_bytes=target)
 
     # -- internals -------------------------------------------------------------------------
     def _client(self, host: str) -> RegistryClient:

@@ -33,9 +33,10 @@ Charge = Callable[[int], None]  # told each chunk's size; raises to stop the unp
 class MeteredReader(io.RawIOBase):
     """A raw reader that hashes and counts what passes and tells ``charge`` each chunk."""
 
-    def __init__(self, source: BinaryIO, charge: Charge | None = None) -> None:
+    def __init__(self, source: BinaryIO, charge: Charge | None = None, hashing: bool = True) -> None:
         self._source = source
         self._charge = charge
+        self._hashing = hashing
         self.sha = hashlib.sha256()
         self.num_bytes = 0
 
@@ -43,15 +44,14 @@ class MeteredReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        data = self._source.read(len(buffer))
-        if not data:
+        n = self._source.readinto(buffer)  # type: ignore[attr-defined]
+        if not n:
             return 0
-        n = len(data)
         self.num_bytes += n
         if self._charge is not None:
             self._charge(n)
-        self.sha.update(data)
-        buffer[:n] = data
+        if self._hashing:
+            self.sha.update(memoryview(buffer)[:n])
         return n
 
     def digest(self) -> str:
@@ -117,8 +117,10 @@ def unpack_blob(
     buffered = io.BufferedReader(compressed, _CHUNK)
     try:
         with _decompressed(buffered, label) as plain:
-            tar_in = MeteredReader(plain, charge_unpacked)
-            unpack_tar(tar_in, dest, label)  # type: ignore[arg-type]
+            # an uncompressed blob's digest is its diff_id: hash those bytes once, not twice
+            tar_in = MeteredReader(plain, charge_unpacked, hashing=plain is not buffered)
+            # big reads go straight through the buffer into the unpacker's; headers are buffered
+            unpack_tar(io.BufferedReader(tar_in, _CHUNK), dest, label)
             while tar_in.read(_CHUNK):  # trailing padding still counts in the diff_id
                 pass
     except LayerRefusedError as exc:
@@ -128,9 +130,10 @@ def unpack_blob(
     cause = _blob_cause(buffered, compressed, label, declared_bytes, blob_digest)
     if cause is not None:
         raise cause
-    if diff_id is not None and tar_in.digest() != diff_id:
-        raise LayerRefusedError("layer", f"{label}: diff_id mismatch: tar is {tar_in.digest()}, expected {diff_id}")
-    return BlobResult(compressed.digest(), tar_in.digest(), compressed.num_bytes, tar_in.num_bytes)
+    tar_digest = tar_in.digest() if plain is not buffered else compressed.digest()
+    if diff_id is not None and tar_digest != diff_id:
+        raise LayerRefusedError("layer", f"{label}: diff_id mismatch: tar is {tar_digest}, expected {diff_id}")
+    return BlobResult(compressed.digest(), tar_digest, compressed.num_bytes, tar_in.num_bytes)
 
 
 def _blob_cause(buffered: io.BufferedReader[MeteredReader], compressed: MeteredReader, label: str, declared_bytes: int | None,

@@ -133,6 +133,39 @@ class _Tree:
         return LayerRefusedError("layer", f"{self.label}: member {name!r} {rule}")
 
 
+class _ForwardReader:
+    """A forward-only "seekable" view of a stream, for tarfile's ``r:`` mode: members are read
+    in order, so every seek goes forward (skipped bytes are read and dropped). tarfile's own
+    stream mode (``r|``) re-slices its whole buffer on every header read, which made
+    many-small-file layers several times slower."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        n = self._stream.readinto(buffer)  # type: ignore[attr-defined]
+        self._pos += n
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        target = pos if whence == 0 else self._pos + pos
+        if whence not in (0, 1) or target < self._pos:
+            raise OSError(errno.ESPIPE, "layer streams only seek forward")
+        while self._pos < target:
+            if not self.read(min(_CHUNK, target - self._pos)):
+                break
+        return self._pos
+
+
 def unpack_tar(stream: BinaryIO, dest: Path, label: str) -> UnpackStats:
     """Unpack the (decompressed) tar ``stream`` into the empty directory ``dest``.
 
@@ -144,10 +177,12 @@ def unpack_tar(stream: BinaryIO, dest: Path, label: str) -> UnpackStats:
     tree = _Tree(dest, label)
     entries = data = skipped = 0
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tf:
+        reader = _ForwardReader(stream)
+        buffer = memoryview(bytearray(_CHUNK))
+        with tarfile.open(fileobj=reader, mode="r:") as tf:  # type: ignore[call-overload]
             for member in tf:
                 entries += 1
-                written, was_skipped = _one_member(tf, member, tree)
+                written, was_skipped = _one_member(reader, buffer, member, tree)
                 data += written
                 skipped += was_skipped
     except tarfile.TarError as exc:
@@ -161,7 +196,7 @@ def unpack_tar(stream: BinaryIO, dest: Path, label: str) -> UnpackStats:
     return UnpackStats(num_entries=entries, data_bytes=data, num_skipped_devices=skipped)
 
 
-def _one_member(tf: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree) -> tuple[int, int]:
+def _one_member(reader: _ForwardReader, buffer: memoryview, member: tarfile.TarInfo, tree: _Tree) -> tuple[int, int]:
     """Apply one member; returns (data bytes written, 1 if a device was skipped)."""
     name = member.name
     parts = split_member_path(name, tree.label)
@@ -190,7 +225,7 @@ def _one_member(tf: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree) -> tu
     # the cached fd is this member's parent, never under what is removed: it stays valid
     tree.clear(parent, base, keep_dir=False)
     if member.isreg():
-        return _regular(tf, parent, base, member, tree), 0
+        return _regular(reader, buffer, parent, base, member, tree), 0
     if member.issym():
         _symlink(parent, base, member, tree)
     elif member.islnk():
@@ -229,19 +264,24 @@ def _directory(parent: int, base: str, member: tarfile.TarInfo, tree: _Tree) -> 
         os.close(fd)
 
 
-def _regular(tf: tarfile.TarFile, parent: int, base: str, member: tarfile.TarInfo, tree: _Tree) -> int:
+def _regular(reader: _ForwardReader, buffer: memoryview, parent: int, base: str, member: tarfile.TarInfo,
+             tree: _Tree) -> int:
+    """Copy the member's data straight from the stream (tarfile's own file objects add two
+    more copies); tarfile then seeks forward past the padding to the next header."""
     fd = os.open(base, _FILE_FLAGS, 0o600, dir_fd=parent)
-    written = 0
+    left = member.size
     try:
-        src = tf.extractfile(member)
-        if src is not None:
-            while chunk := src.read(_CHUNK):
-                os.write(fd, chunk)
-                written += len(chunk)
+        reader.seek(member.offset_data)
+        while left > 0:
+            n = reader.readinto(buffer[: min(len(buffer), left)])
+            if n <= 0:
+                raise tree.refuse(member.name, f"is truncated ({left} of {member.size} bytes missing)")
+            os.write(fd, buffer[:n])
+            left -= n
         _apply_meta(fd, member, tree)
     finally:
         os.close(fd)
-    return written
+    return member.size
 
 
 def _symlink(parent: int, base: str, member: tarfile.TarInfo, tree: _Tree) -> None:

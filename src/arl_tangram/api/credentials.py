@@ -1,0 +1,40 @@
+"""Shell: which credential each face of the server reads, for the edge's check before a body.
+
+The faces keep their own authentication (and their own 401 shapes); this only lets the edge
+refuse a body that could never be accepted before reading it. The rules mirror the faces':
+no tokens configured: every caller passes; else SWE-ReX calls carry ``X-API-Key``,
+SandboxFusion calls the token in the path (``/t/<token>/...``; without it they cannot pass),
+every other route ``Authorization: Bearer <token>``. Tokens compare in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+_UNAUTHENTICATED_FACE = ("/run_code", "/run_jupyter")
+
+
+def presented_token(path: str, headers: Mapping[str, str]) -> str:
+    """The token a request presents to the face its path belongs to ('' when none)."""
+    if path.startswith("/swerex/"):
+        return headers.get("x-api-key", "").strip()
+    if path.startswith("/t/"):
+        return path.split("/")[2] if path.count("/") >= 3 else ""
+    if path in _UNAUTHENTICATED_FACE:
+        return ""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else ""
+
+
+def has_credential(api: Any, path: str, headers: Mapping[str, str]) -> bool:
+    """Whether the request names a known tenant (always, when no tokens are configured)."""
+    tokens: Mapping[str, str] = api.tokens
+    if not tokens:
+        return True
+    given = presented_token(path, headers).encode()
+    found = False
+    for token in tokens:  # every token compared: the time says nothing
+        found = hmac.compare_digest(token.encode(), given) or found
+    return found
