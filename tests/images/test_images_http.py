@@ -64,3 +64,12 @@ async def test_images_routes_refuse_bad_input_naming_the_field(image_kit: ImageK
             assert path.status_code == 403 and "allow_import_paths" in path.text
             env = await http.post("/v1/envs", json={"image": f"{image_kit.registry.host}/swe/missing:v1", "memory": "128MiB"})
             assert 400 <= env.status_code < 600 and "404" in env.text and "image" in env.text, env.text
+
+
+async def test_a_server_without_an_image_store_lists_none_and_refuses_pulls_409() -> None:
+    with serving() as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            assert (await http.get("/v1/images")).json() == {"images": []}
+            pull = await http.post("/v1/images", json={"reference": "127.0.0.1:5000/swe/x:1"})
+            assert pull.status_code == 409 and pull.json()["field"] == "image" and "[images]" in pull.json()["rule"], pull.text
+            assert (await http.delete("/v1/images/127.0.0.1:5000/swe/x:1")).status_code == 404

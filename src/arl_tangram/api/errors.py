@@ -186,12 +186,6 @@ async def _os_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(status, f"path: {rule}", "path", rule, path)
 
 
-async def _file_not_found(_request: Request, exc: Exception) -> JSONResponse:
-    """A host-side file call on a path the sandbox lacks (its own handler: one for
-    ``Exception`` answers, then re-raises into the server and drops the connection)."""
-    return error_response(404, str(exc), "path", "must name an existing file in the sandbox")
-
-
 async def _other(request: Request, exc: Exception) -> JSONResponse:
     """Manager errors by their shape; the rest is a bug or an infrastructure failure (500)."""
     name = type(exc).__name__
@@ -213,7 +207,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(SpecError, _spec_error)
     app.add_exception_handler(NotFound, _not_found)
-    app.add_exception_handler(FileNotFoundError, _file_not_found)
     app.add_exception_handler(Gone, _gone)
     app.add_exception_handler(Forbidden, _forbidden)
     app.add_exception_handler(Overloaded, _overloaded)

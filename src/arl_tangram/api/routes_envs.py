@@ -31,7 +31,7 @@ from arl_tangram.runtime.config import parse_size_bytes
 
 router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=JsonBodyRoute)
 PathQuery = Annotated[
-    str, Query(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN, description="a path in the workspace or /tmp (components of at most 255 bytes)"),
+    str, Query(min_length=1, max_length=4096, pattern=SANDBOX_PATH_PATTERN, description="a path in the sandbox: /workspace or /tmp on a host-root env, anywhere but /proc, /sys, /dev on an image env (components of at most 255 bytes)"),
 ]
 
 

@@ -21,7 +21,7 @@ from arl_tangram.agent.node import NodeAgent
 from arl_tangram.agent.ports import ImageRecordLike
 from arl_tangram.api.auth import State, Tenant
 from arl_tangram.api.schemas import ERROR_RESPONSES, _Strict
-from arl_tangram.api.state import ApiState, NotFound
+from arl_tangram.api.state import ApiState, Conflict, NotFound
 from arl_tangram.core.env_spec import check_image_reference
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.images import as_spec_error
@@ -37,10 +37,12 @@ class ImageCreate(_Strict):
     path: str | None = Field(None, min_length=1, max_length=4096, description="a path on the server (operator only)")
 
 
-def _stores(state: ApiState) -> list[NodeAgent]:
+def _stores(state: ApiState, required: bool = True) -> list[NodeAgent]:
+    """The nodes with an image store. None (a server without ``[images]``) is the server's
+    state, not the request's fault: a pull or import is refused 409, a list is empty."""
     agents = [a for a in state.controller.node_agents if a.images is not None and a.cpu is not None]
-    if not agents:
-        raise SpecError("image", "needs a node with an image store ([images] store_path)", None)
+    if not agents and required:
+        raise Conflict("image", "needs a node with an image store ([images] store_path)", None)
     return agents
 
 
@@ -56,7 +58,7 @@ def image_view(record: ImageRecordLike, nodes: list[str]) -> dict[str, Any]:
 async def list_images(state: State, tenant: Tenant) -> dict[str, Any]:
     """Every image some node holds, with the nodes holding it."""
     by_id: dict[str, tuple[ImageRecordLike, list[str]]] = {}
-    for agent in _stores(state):
+    for agent in _stores(state, required=False):
         assert agent.images is not None
         for record in await asyncio.to_thread(agent.images.list_images):
             by_id.setdefault(record.image_id, (record, []))[1].append(agent.cpu_node_id)
@@ -74,7 +76,7 @@ async def create_image(state: State, tenant: Tenant, body: ImageCreate) -> dict[
     known = {a.cpu_node_id for a in agents}
     for node in body.nodes:
         if node not in known:
-            raise SpecError("nodes", f"must name nodes with an image store ({', '.join(sorted(known))})", node)
+            raise Conflict("nodes", f"must name nodes with an image store ({', '.join(sorted(known))})", node)
     state.controller.prefetch(reference, tuple(body.nodes))
     return {"reference": reference, "nodes": body.nodes or sorted(known), "status": "pulling"}
 
@@ -102,7 +104,7 @@ async def _import(state: ApiState, agents: list[NodeAgent], body: ImageCreate) -
 async def delete_image(state: State, tenant: Tenant, reference: str) -> Response:
     """Forget ``reference`` (or an image id) on every node; its layers go when unused."""
     removed = False
-    for agent in _stores(state):
+    for agent in _stores(state, required=False):
         assert agent.images is not None
         if await asyncio.to_thread(agent.images.lookup, reference) is None:
             continue

@@ -42,7 +42,14 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 #: Rules between fields that JSON Schema cannot state; the schema lists them under
 #: ``info.x-cross-field-rules`` ("<field>: <rule>", as a 422 names them) and the fuzz accepts
 #: a 422 for a schema-valid request only when it names one of these.
-CROSS_FIELD_RULES = ("cpu.min: must be <= cpu.max", "devices_min: must be <= devices_max")
+CROSS_FIELD_RULES = (
+    "cpu.min: must be <= cpu.max", "devices_min: must be <= devices_max",
+    # a sandbox path's rule depends on the env's root (files.sandbox_path): a host-root env
+    # takes /workspace and /tmp only, an image env anything but the kernel's directories
+    "path: must stay inside /workspace or /tmp", "cwd: must stay inside /workspace or /tmp",
+    "path: must not be under /proc, /sys or /dev", "cwd: must not be under /proc, /sys or /dev",
+    "reference: must be given (or path, to import a file on the server)",  # POST /v1/images: one of the two
+)  # fmt: skip
 
 
 def _not_both(a: str, a_type: str, b: str, b_type: str) -> dict[str, Any]:
@@ -86,11 +93,12 @@ class EnvList(BaseModel):
     envs: list[EnvView]
 
 
-# A path in a sandbox: relative to /workspace, or absolute under /workspace or /tmp; no
-# ".." component, components of 1-255 bytes without NUL (the rule files.sandbox_path and the
-# kernel apply, in the schema). Written without lookarounds so every regex engine takes it.
+# A path in a sandbox: relative to its working directory, or absolute (where it may point
+# depends on the env's root: see CROSS_FIELD_RULES); no ".." component, components of 1-255
+# bytes without NUL (the rule files.sandbox_path and the kernel apply, in the schema).
+# Written without lookarounds so every regex engine takes it.
 _SEGMENT = r"(?:[^/.\x00][^/\x00]{0,254}|\.[^/.\x00][^/\x00]{0,253}|\.\.[^/\x00]{1,253}|\.)"
-SANDBOX_PATH_PATTERN = rf"^(?:/(?:workspace|tmp)(?:/{_SEGMENT})*|{_SEGMENT}(?:/{_SEGMENT})*)/?$"
+SANDBOX_PATH_PATTERN = rf"^(?:/|/?{_SEGMENT}(?:/{_SEGMENT})*/?)$"
 # environment variables: the rule validate_env applies, in the schema (JSON Schema's own
 # words for "every key"; pydantic would write patternProperties, which lets other keys by)
 def _env_rule(env: dict[str, str]) -> dict[str, str]:
