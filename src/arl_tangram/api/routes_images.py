@@ -20,13 +20,14 @@ from pydantic import Field
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.agent.ports import ImageRecordLike
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.schemas import ERROR_RESPONSES, _Strict
 from arl_tangram.api.state import ApiState, Conflict, NotFound
 from arl_tangram.core.env_spec import check_image_reference
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.images import as_spec_error
 
-router = APIRouter(prefix="/v1/images", tags=["images"])
+router = APIRouter(prefix="/v1/images", tags=["images"], route_class=JsonBodyRoute)
 
 
 class ImageCreate(_Strict):
