@@ -42,7 +42,11 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 #: Rules between fields that JSON Schema cannot state; the schema lists them under
 #: ``info.x-cross-field-rules`` ("<field>: <rule>", as a 422 names them) and the fuzz accepts
 #: a 422 for a schema-valid request only when it names one of these.
-CROSS_FIELD_RULES = ("cpu.min: must be <= cpu.max", "devices_min: must be <= devices_max")
+CROSS_FIELD_RULES = (
+    "cpu.min: must be <= cpu.max",
+    "devices_min: must be <= devices_max",
+    "folder: exactly one of folder or module must be set",
+)
 
 
 def _not_both(a: str, a_type: str, b: str, b_type: str) -> dict[str, Any]:
