@@ -71,14 +71,15 @@ def _max_length(path: Path, config: Any, tokenizer: Any) -> int:
 def load_folder(path: str | Path, kind: str) -> LoadedModel:
     """Build the module of a local model folder (safetensors + config.json) on the host.
 
-    ``logprobs`` services load a causal LM head, ``classify`` a sequence-classification
+    ``logprobs`` and ``generate`` services load a causal LM head, ``classify`` a sequence-classification
     head, ``embed``/``score`` the bare encoder.
     """
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} has no config.json")
     tf = _transformers()
-    auto = {"logprobs": tf.AutoModelForCausalLM, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
+    causal = tf.AutoModelForCausalLM
+    auto = {"logprobs": causal, "generate": causal, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
     module = auto.from_pretrained(str(folder), local_files_only=True, dtype="auto")
     tokenizer = None
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
