@@ -50,6 +50,7 @@ class ChatBody(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool = False
+    ignore_eos: bool | None = None  # vLLM's extension: decode past EOS (fixed-length runs)
 
 
 class GenerateCompletionBody(BaseModel):
@@ -64,11 +65,13 @@ class GenerateCompletionBody(BaseModel):
     n: int = Field(1, ge=1, le=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     stream: bool = False
+    ignore_eos: bool | None = None
 
 
 def _request(body: Any, **fields: Any) -> dict[str, Any]:
     """The handler's request: the sampling fields the caller set, and ``fields``."""
-    out = {k: getattr(body, k) for k in ("temperature", "top_p", "seed", "stop") if getattr(body, k) is not None}
+    names = ("temperature", "top_p", "seed", "stop", "ignore_eos")
+    out = {k: getattr(body, k) for k in names if getattr(body, k) is not None}
     out.update({k: v for k, v in fields.items() if v is not None})
     return out
 

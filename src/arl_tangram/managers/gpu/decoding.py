@@ -271,7 +271,7 @@ class DecodeLoop:
         token = choose_token(logits, request, seq.generator)
         if request.logprobs:
             seq.logprobs.append(logprob_entry(logits, token, request.top_logprobs, self._decode))
-        if token == request.eos_token_id:
+        if token == request.eos_token_id and not request.ignore_eos:
             self._finish(seq, "stop")
             return
         seq.token_ids.append(token)

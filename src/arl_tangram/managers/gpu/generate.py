@@ -14,7 +14,9 @@ context is refused, naming ``messages`` (or ``prompt``).
 Response: ``{"text", "token_ids", "finish_reason": "stop" | "length" | "cancelled",
 "prompt_tokens", "completion_tokens", "logprobs": [{"token_id", "token", "logprob",
 "top_logprobs": [...]}] | None}``. EOS (unless ``ignore_eos``) and stop strings end with
-``stop``: the EOS token and the stop string are not in ``text``.
+``stop``: the EOS token and the stop string are not in ``text``. With ``ignore_eos`` EOS
+is never chosen (its logit masked, as transformers' ``min_new_tokens``), so a request
+makes exactly ``max_tokens`` tokens unless a stop string ends it.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class GenerateRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    eos_token_id: int | None = None  # None: ignore EOS
+    eos_token_id: int | None = None  # None: the model has none
     logprobs: bool = False
     top_logprobs: int = 0
+    ignore_eos: bool = False  # EOS is never chosen (as transformers' min_new_tokens)
 
     @property
     def max_context_tokens(self) -> int:
@@ -161,10 +164,10 @@ def parse_generate(request: Any, model: LoadedModel, service: str) -> GenerateRe
             field, f"has {len(prompt_ids)} tokens; with max_tokens {max_tokens} that exceeds the "
             f"model's context of {model.max_length} tokens", service,
         )  # fmt: skip
-    eos = None if _flag(request, "ignore_eos", service) else _eos(model)
     return GenerateRequest(
         tuple(prompt_ids), max_tokens, temperature, top_p, _integer(request, "seed", None, service),
-        _stop(request, service), eos, _flag(request, "logprobs", service) or top > 0, top,
+        _stop(request, service), _eos(model), _flag(request, "logprobs", service) or top > 0, top,
+        _flag(request, "ignore_eos", service),
     )  # fmt: skip
 
 
@@ -193,6 +196,9 @@ def make_generator(request: GenerateRequest) -> torch.Generator | None:
 
 def choose_token(logits: torch.Tensor, request: GenerateRequest, generator: torch.Generator | None) -> int:
     """The next token from one row of float32 CPU logits: greedy, or temperature + top-p."""
+    if request.ignore_eos and request.eos_token_id is not None:
+        logits = logits.clone()
+        logits[request.eos_token_id] = float("-inf")
     if request.temperature == 0 or generator is None:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / request.temperature, dim=-1)
