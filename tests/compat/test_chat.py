@@ -105,6 +105,31 @@ def test_async_client_and_concurrent_judges(judge_server: ServerThread) -> None:
     assert isinstance(second, str) and isinstance(streamed, str)
 
 
+def test_concurrent_judges_decode_in_one_batch_through_the_scheduler(judge_server: ServerThread) -> None:
+    """Six callers at once: the core runs them on one replica together (its ``max_batch``),
+    which decodes them in one batch: far fewer decode steps than their tokens."""
+    gpu = judge_server.app.state.api.runtime.agent.gpu
+
+    def steps() -> int:
+        replicas = [r for r, v in gpu.status()["replicas"].items() if v["service"].endswith("judge") and v["state"] == "resident"]
+        return sum(gpu.generation_status(r)["steps"] for r in replicas)
+
+    async def main() -> list[int]:
+        aclient = openai.AsyncOpenAI(base_url=f"{judge_server.url}/v1", api_key=TOKEN, max_retries=0)
+        async with aclient:
+            calls = [
+                aclient.chat.completions.create(model="judge", messages=[{"role": "user", "content": f"case {i}"}], max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
+                for i in range(6)
+            ]  # fmt: skip
+            return [r.usage.completion_tokens for r in await asyncio.gather(*calls) if r.usage]
+
+    client_warm = openai.OpenAI(base_url=f"{judge_server.url}/v1", api_key=TOKEN, max_retries=0)
+    client_warm.chat.completions.create(model="judge", messages=MESSAGES, max_tokens=1)  # resident before timing
+    before = steps()
+    assert asyncio.run(main()) == [30] * 6
+    assert steps() - before < 6 * 30 / 2, steps() - before
+
+
 def test_generating_completion_with_stop(client: openai.OpenAI) -> None:
     plain = client.completions.create(model="judge", prompt="The verdict is", max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
     text = plain.choices[0].text

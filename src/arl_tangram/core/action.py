@@ -156,6 +156,7 @@ class ServiceSpec:
     devices_max: int = 1
     tenant: str = "default"
     kv_cache_bytes: int = 0
+    max_batch: int = 1  # actions one replica runs at once (a generating service's batch)
 
     def device_bytes(self, size: int) -> int:
         """Bytes the most loaded device of a ``size``-device replica holds (weights split
@@ -169,6 +170,8 @@ class ServiceSpec:
             raise SpecError("weight_bytes", "must be an integer > 0", self.weight_bytes)
         if not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes < 0:
             raise SpecError("kv_cache_bytes", "must be an integer >= 0", self.kv_cache_bytes)
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise SpecError("max_batch", "must be an integer >= 1", self.max_batch)
         for name in ("devices_min", "devices_max"):
             if getattr(self, name) not in GPU_CHUNK_SIZES:
                 raise SpecError(name, "must be a GPU chunk size in {1, 2, 4, 8}", getattr(self, name))
