@@ -2,7 +2,8 @@
 
 Every caller of ``DecodeLoop.run`` queues its sequence; one caller at a time is the
 *driver* and runs steps for everyone. A step is a boundary: waiting sequences whose KV
-reservation fits join (each prefilled alone, then merged into the batch), every sequence
+reservation fits join (prefilled together in one left-padded forward, then merged into the
+batch), every sequence
 in the batch decodes one token together, finished or cancelled ones leave and free their
 rows. When the driver's own sequence ends it hands the role to a waiting caller (none of
 them ever needs a thread of its own), so nobody waits for strangers' tokens.
@@ -232,23 +233,38 @@ class DecodeLoop:
             logits = out.logits[:, -1].float().cpu()
             for row, seq in enumerate(self._active):
                 self._advance(seq, logits[row])
-        prefilled = []
-        for seq in joining:
-            cache = self._new_cache([])
-            ids = torch.tensor([list(seq.request.prompt_ids)], device=self.device)
-            out = module(input_ids=ids, past_key_values=cache, use_cache=True)
-            self._advance(seq, out.logits[0, -1].float().cpu())
-            prefilled.append((seq, cache))
+        prefilled = self._prefill(joining) if joining else None
         self.num_steps += 1
         with self._cond:
             self._merge(prefilled)
             self._drop_finished()
             self._cond.notify_all()
 
-    def _merge(self, prefilled: list[tuple[_Sequence, Any]]) -> None:
-        if not prefilled:
+    def _prefill(self, joining: list[_Sequence]) -> tuple[list[_Sequence], Any, list[int]]:
+        """All joiners' prompts in one left-padded forward: their first tokens and cache."""
+        lengths = [len(s.request.prompt_ids) for s in joining]
+        width = max(lengths)
+        ids = torch.full((len(joining), width), self.model.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(joining), width), dtype=torch.long)
+        for row, seq in enumerate(joining):
+            ids[row, width - lengths[row] :] = torch.tensor(seq.request.prompt_ids)
+            mask[row, width - lengths[row] :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache([])
+        out = self.model.module(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        logits = out.logits[:, -1].float().cpu()
+        for row, seq in enumerate(joining):
+            self._advance(seq, logits[row])
+        return joining, cache, [width - n for n in lengths]
+
+    def _merge(self, prefilled: tuple[list[_Sequence], Any, list[int]] | None) -> None:
+        if prefilled is None:
             return
-        parts = ([(self._cache, self._pads)] if self._active else []) + [(c, [0]) for _, c in prefilled]
+        joined, joined_cache, joined_pads = prefilled
+        parts = ([(self._cache, self._pads)] if self._active else []) + [(joined_cache, joined_pads)]
         length = max(c.get_seq_length() for c, _ in parts)
         layers = []
         for index in range(len(parts[0][0].layers)):
@@ -256,7 +272,7 @@ class DecodeLoop:
             values = [_left_pad(c.layers[index].values, length) for c, _ in parts]
             layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
         self._pads = [p + length - c.get_seq_length() for c, pads in parts for p in pads]
-        self._active = self._active + [seq for seq, _ in prefilled]
+        self._active = self._active + joined
         self._cache = self._new_cache(layers)
 
     def _new_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
