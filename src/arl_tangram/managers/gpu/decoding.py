@@ -254,6 +254,7 @@ class DecodeLoop:
         out = self.model.module(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
+            logits_to_keep=1,  # only the last position's logits: the output layer is the widest
         )  # fmt: skip
         logits = out.logits[:, -1].float().cpu()
         for row, seq in enumerate(joining):
