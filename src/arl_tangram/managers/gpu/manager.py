@@ -224,12 +224,18 @@ class GpuManager:
             self._services[name] = service  # reserve the name; invisible until ready
         try:
             service.adopt(loader(), self._pin_host, self.config.align_bytes)
-            if handler == "generate":
-                size_kv_cache(service, kv or KvCacheConfig())
         except Exception as exc:  # a broken model must not take the manager down
             service.error = f"{type(exc).__name__}: {exc}"
             service.model = None
             return service.info()
+        if handler == "generate":
+            try:
+                size_kv_cache(service, kv or KvCacheConfig())
+            except InvalidRequestError:  # not a causal LM: refused, not registered
+                with self._lock:
+                    del self._services[name]
+                service.release_host()
+                raise
         footprint = self.footprint_bytes(name, len(self._arenas))
         if footprint > max(self.device_capacity_bytes()):
             with self._lock:
