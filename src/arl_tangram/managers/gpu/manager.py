@@ -26,7 +26,6 @@ import collections
 import contextlib
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,23 +37,21 @@ import torch
 from arl_tangram.managers.gpu import models
 from arl_tangram.managers.gpu.arena import DeviceArena
 from arl_tangram.managers.gpu.batching import ThreadBatcher
-from arl_tangram.managers.gpu.decoding import DecodeLoop, EventSink
+from arl_tangram.managers.gpu.decoding import EventSink
 from arl_tangram.managers.gpu.devices import DeviceSpec, discover_devices
 from arl_tangram.managers.gpu.errors import (
     CallCancelledError,
-    DeviceOutOfMemoryError,
     DuplicateReplicaError,
     DuplicateServiceError,
-    GpuManagerError,
     InvalidRequestError,
     ManagerClosedError,
     NeverFitsError,
     ServiceFailedError,
-    ServiceRuntimeError,
     UnknownReplicaError,
     UnknownServiceError,
 )
 from arl_tangram.managers.gpu.execution import run_items
+from arl_tangram.managers.gpu.generation import ReplicaDecoders
 from arl_tangram.managers.gpu.handlers import HANDLERS
 from arl_tangram.managers.gpu.kv import KvCacheConfig, size_kv_cache
 from arl_tangram.managers.gpu.relocation import Relocator
@@ -115,7 +112,7 @@ class GpuManager:
         self._services: dict[str, ModelService] = {}
         self._replicas: collections.OrderedDict[str, Replica] = collections.OrderedDict()
         self._batcher = ThreadBatcher(self.config.batch_window_s, self.config.max_batch_size)
-        self._decoders: weakref.WeakKeyDictionary[Replica, DecodeLoop] = weakref.WeakKeyDictionary()
+        self._decoders = ReplicaDecoders(self._closed, self.config.wait_timeout_s)
         self._pool = ThreadPoolExecutor(
             self.config.num_async_threads, thread_name_prefix="arl-tangram-gpu"
         )
@@ -414,7 +411,7 @@ class GpuManager:
             assert service.model is not None
             parsed = HANDLERS[service.handler].parse(request, service.model, service.name)
             if service.handler == "generate":
-                return self._generate(replica, parsed, on_event, cancel)
+                return self._decoders.run(replica, parsed, on_event, cancel)
             result: dict[str, Any] = self._batcher.submit(
                 replica, parsed, lambda items: self._execute(replica, items)
             )
@@ -457,46 +454,9 @@ class GpuManager:
             return [cancelled] * len(items)
         return results
 
-    def _generate(
-        self, replica: Replica, request: Any, on_event: EventSink | None, cancel: threading.Event | None
-    ) -> dict[str, Any]:
-        """One sequence in the replica's continuous batch; it counts as a run in flight for
-        its whole life, so eviction waits for the batch (``evict``)."""
-        replica.enter(time.monotonic() + self.config.wait_timeout_s, self._closed)
-        try:
-            with self._lock:
-                loop = self._decoders.get(replica)
-                if loop is None:
-                    assert replica.model is not None
-                    service = replica.service
-                    loop = self._decoders[replica] = DecodeLoop(
-                        replica.model, replica.home_device, service.max_batch,
-                        service.kv_cache_bytes, service.kv_bytes_per_token, self._closed,
-                    )  # fmt: skip
-            with torch.inference_mode(), device_context(replica.home_device):
-                result = loop.run(request, on_event, cancel)
-        except GpuManagerError:
-            raise
-        except torch.OutOfMemoryError as exc:
-            raise DeviceOutOfMemoryError(f"service {replica.service.name!r}: out of memory: {exc}") from exc
-        except Exception as exc:
-            raise ServiceRuntimeError(f"service {replica.service.name!r} raised {type(exc).__name__}: {exc}") from exc
-        finally:
-            replica.exit(1)
-        if self._closed.is_set():
-            raise CallCancelledError(f"replica {replica.replica_id!r}: the GPU manager closed during the run")
-        return result
-
     def generation_status(self, replica_id: str) -> dict[str, int]:
-        """The replica's decode batch: sequences active and waiting, KV bytes reserved and
-        held by its cache now, its budget (zeros before its first ``generate`` run)."""
-        replica = self._replica(replica_id)
-        with self._lock:
-            loop = self._decoders.get(replica)
-        if loop is not None:
-            return loop.status()
-        budget = replica.service.kv_cache_bytes
-        return {"active": 0, "waiting": 0, "steps": 0, "kv_reserved_bytes": 0, "kv_bytes_in_use": 0, "kv_budget_bytes": budget}
+        """The replica's decode batch (``generation.ReplicaDecoders.status``)."""
+        return self._decoders.status(self._replica(replica_id))
 
     # -- observation ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
