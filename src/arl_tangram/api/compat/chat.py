@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arl_tangram.api.compat.openai_face import _face, _parse, _service, call_service, submit_service
 from arl_tangram.api.state import ApiState
-from arl_tangram.runtime.actions import ActionRecord
+from arl_tangram.runtime.actions import ActionRecord, read_result
 
 router = APIRouter(tags=["openai"], include_in_schema=False)
 
@@ -170,7 +170,7 @@ async def _chunks(state: ApiState, record: ActionRecord, head: dict[str, Any], k
                 waiter.cancel()
             if state.stopping.done() and not record.done.done():
                 return
-        result = record.done.result()
+        result = await read_result(record)  # held outputs (Ray) fetched
         state.ack(record)
         finished = True
         if not result.ok:
