@@ -73,7 +73,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     svc = sub.add_parser("service", parents=[common], help="register or list model services")
     svc.add_argument("action", choices=("register", "list"))
     svc.add_argument("name", nargs="?")
-    svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify"))
+    svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify", "generate"))
     svc.add_argument("--folder", help="a model folder the server's [service] allowed_folders lists (or one inside it)")
     svc.add_argument("--module", help="a pkg.mod:factory the server's [service] allowed_modules lists")
     from arl_tangram.cli_images import add_parser

@@ -1,5 +1,5 @@
-"""Schemathesis over the served OpenAPI schema (every route in it but ``POST /v1/services``,
-see ``bench/service_fuzz``), against a real server with real sandboxes: its CLI with pinned
+"""Schemathesis over the served OpenAPI schema (every route in it, see
+``bench/service_fuzz``), against a real server with real sandboxes: its CLI with pinned
 checks, examples per route and seed; any 5xx, undocumented status, content type, header or
 body, invalid request accepted, valid request refused by a rule the schema does not state,
 or method refused without ``Allow`` fails the test. ``arl-tangram bench service

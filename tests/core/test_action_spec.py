@@ -291,3 +291,23 @@ def test_initial_state_is_valid_and_empty() -> None:
     assert state.cpu["cpu-0"].numa_free == (4 * MC, 4 * MC)
     assert state.gpu == {"gpu-0": 0}
     assert not state.queued() and not state.running
+
+
+def test_a_generating_services_kv_cache_counts_in_its_device_footprint() -> None:
+    """The KV cache a generating replica reserves (max batch x max context) sits on its first
+    device beside that device's share of the weights: a replica whose weights fit but whose
+    cache does not can never run, and one that fits when split is placed split."""
+    gib = 1 << 30
+    judge = ServiceSpec("judge", 60 * gib, 1, 2, kv_cache_bytes=30 * gib)
+    assert judge.device_bytes(1) == 90 * gib and judge.device_bytes(2) == 60 * gib
+    one = make_cluster(gpu_nodes=1, gpus_per_node=1, services={"judge": judge})
+    with pytest.raises(SpecError) as info:
+        check_can_ever_fit(make_action("g", service="judge", dop_min=1, dop_max=2), one)
+    assert info.value.field == "binding.name" and "KV cache" in info.value.rule
+    two = make_cluster(gpu_nodes=1, gpus_per_node=2, services={"judge": judge})
+    check_can_ever_fit(make_action("g", service="judge", dop_min=1, dop_max=2), two)
+    plain = make_cluster(gpu_nodes=1, gpus_per_node=1, services={"judge": ServiceSpec("judge", 60 * gib)})
+    check_can_ever_fit(make_action("g", service="judge"), plain)
+    with pytest.raises(SpecError) as info:
+        ServiceSpec("judge", gib, kv_cache_bytes=-1)
+    assert info.value.field == "kv_cache_bytes"

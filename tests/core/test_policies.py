@@ -546,3 +546,24 @@ def test_one_policy_instance_serves_two_loops() -> None:
         return out
 
     assert run(FixedDopPolicy(dop=16)) == [[("a", 4)], [("a", 16)]]
+
+
+def test_elastic_gpu_batches_a_generating_services_actions_on_one_replica() -> None:
+    """A generating service (``max_batch`` > 1) runs up to that many actions on one resident
+    replica at once (they decode together) instead of restoring a replica per action; an
+    action beyond the batch waits, and a replica with actions in its batch is never evicted."""
+    from arl_tangram.core.action import ServiceSpec
+
+    judge = ServiceSpec("judge", 10**9, 1, 1, kv_cache_bytes=10**8, max_batch=3)
+    d = Driver.of("elastic", make_cluster(gpu_nodes=1, gpus_per_node=2, services={"judge": judge}))
+    d.step([ActionSubmitted(make_action("j0", service="judge"))])
+    d.ready_everything(now=1.0)
+    replica = next(iter(d.state.replicas))
+    r = d.step([ActionSubmitted(make_action(f"j{i}", service="judge")) for i in range(1, 5)], now=1.0)
+    starts = of_type(r.decisions, StartAction)
+    assert [(s.action_id, s.replica_id) for s in starts if s.replica_id == replica] == [("j1", replica), ("j2", replica)]
+    assert d.state.replicas[replica].busy_actions == ("j0", "j1", "j2")
+    assert not of_type(r.decisions, EvictService)
+    r = d.finish("j1", now=2.0)
+    joined = [s.action_id for s in of_type(r.decisions, StartAction) if s.replica_id == replica]
+    assert len(joined) == 1 and d.state.replicas[replica].busy_actions[:2] == ("j0", "j2")

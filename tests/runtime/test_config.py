@@ -163,6 +163,9 @@ PROVIDER = 'name = "p"\nbase_url = "http://127.0.0.1:9"\nkeys = ["k"]\n'
         ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ndevices_max = 3\n', "services[0].devices_max", "1, 2, 4 or 8"),
         ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ndevices_min = 4\ndevices_max = 2\n', "services[0].devices_min", "<= devices_max"),
         ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "embed"\ngpus = 1\n', "services[0].gpus", "is not a known key"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "score"\nmax_batch = 4\n', "services[0].max_batch", "generate services only"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "generate"\nmax_batch = 0\n', "services[0].max_batch", ">= 1"),
+        ('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "generate"\nmax_context_tokens = 1\n', "services[0].max_context_tokens", ">= 2"),
         ('[network]\nport = 1\n', "network", "is not a known key"),
         ("cpu = 3\n", "cpu", "must be a table"),
         ("providers = 3\n", "providers", "array of tables"),
@@ -300,3 +303,11 @@ def test_tenant_errors_never_print_tokens() -> None:
         with pytest.raises(ConfigError) as info:
             parse_config(text, environ={})
         assert secret not in str(info.value)
+
+
+def test_a_generate_service_takes_its_kv_cache_sizing() -> None:
+    text = '[[services]]\nname = "judge/x"\nfolder = "/m"\nhandler = "generate"\nmax_batch = 8\nmax_context_tokens = 1024\n'
+    service = parse_config(text, environ={}).services[0]
+    assert (service.handler, service.max_batch, service.max_context_tokens) == ("generate", 8, 1024)
+    plain = parse_config('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "generate"\n', environ={}).services[0]
+    assert (plain.max_batch, plain.max_context_tokens) == (None, None)

@@ -75,7 +75,9 @@ class NodeAgent:
         if self.gpu is None:
             raise LookupError("this node has no GPU manager")
         info = self.gpu.service_info(name)
-        return ServiceSpec(name, int(info.weight_bytes), devices_min, devices_max)
+        kv = int(getattr(info, "kv_cache_bytes", 0))  # generating services: their batch's KV cache
+        batch = int(getattr(info, "max_batch", 1))  # and how many actions share a replica
+        return ServiceSpec(name, int(info.weight_bytes), devices_min, devices_max, kv_cache_bytes=kv, max_batch=batch)
 
 
 def local_mem_bytes() -> int:

@@ -72,6 +72,9 @@ def _check_source(body: ServiceCreate, settings: ServiceSettings) -> tuple[str |
             raise SpecError("module", "must name a callable factory in that module", body.module)
     if body.devices_min > body.devices_max:
         raise SpecError("devices_min", "must be <= devices_max", body.devices_min)
+    for key in ("max_batch", "max_context_tokens"):
+        if getattr(body, key) is not None and body.handler != "generate":
+            raise SpecError(key, "applies to generate services only", getattr(body, key))
     return folder, module
 
 
@@ -83,7 +86,10 @@ async def register_service(state: State, tenant: Tenant, body: ServiceCreate) ->
     internal = state.private_service(tenant, body.name)
     if internal in state.controller.loop.state.spec.services:
         raise SpecError("name", "must not name one of this tenant's registered services", body.name)
-    config = ServiceConfig(internal, body.handler, folder, module, body.devices_min, body.devices_max)
+    config = ServiceConfig(
+        internal, body.handler, folder, module, body.devices_min, body.devices_max,
+        max_batch=body.max_batch, max_context_tokens=body.max_context_tokens,
+    )  # fmt: skip
     # Its own task: a client that goes away does not abandon a half-made registration.
     await state.spawn(state.runtime.register_service(config))
     await _registered(state, internal)

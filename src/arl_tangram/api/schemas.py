@@ -43,7 +43,11 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 #: ``info.x-cross-field-rules`` ("<field>: <rule>", as a 422 names them) and the fuzz accepts
 #: a 422 for a schema-valid request only when it names one of these.
 CROSS_FIELD_RULES = (
-    "cpu.min: must be <= cpu.max", "devices_min: must be <= devices_max",
+    "cpu.min: must be <= cpu.max",
+    "devices_min: must be <= devices_max",
+    "folder: exactly one of folder or module must be set",
+    "max_batch: applies to generate services only",
+    "max_context_tokens: applies to generate services only",
     # a sandbox path's rule depends on the env's root (files.sandbox_path): a host-root env
     # takes /workspace and /tmp only, an image env anything but the kernel's directories
     "path: must stay inside /workspace or /tmp", "cwd: must stay inside /workspace or /tmp",
@@ -262,11 +266,13 @@ class ServiceCreate(_Strict):
     """A model service from a local safetensors folder or a ``package.module:factory``."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    handler: Literal["embed", "score", "logprobs", "classify"]
+    handler: Literal["embed", "score", "logprobs", "classify", "generate"]
     folder: str | None = Field(None, min_length=1, max_length=4096)
     module: str | None = Field(None, pattern=r"^[\w.]+:\w+$", max_length=512)
     devices_min: Literal[1, 2, 4, 8] = 1
     devices_max: Literal[1, 2, 4, 8] = 1
+    max_batch: int | None = Field(None, ge=1, le=1024)  # generate: sequences decoded together
+    max_context_tokens: int | None = Field(None, ge=2)  # generate: prompt + new tokens
 
 
 class ServiceView(BaseModel):

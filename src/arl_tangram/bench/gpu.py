@@ -18,8 +18,10 @@ Measures, on CUDA when torch sees it and on a CPU device with a memory budget ot
   resident calls through ``StandaloneGpuManager`` while it swaps two others (``gpu_standalone``);
 - ``mopd``: 9 generated teachers under a skewed trace; static = every teacher resident in its
   own memory (never swaps), tangram = one budget that holds 3 teachers, with the standalone
-  wrapper's LRU Evict-on-Execution.
-Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
+  wrapper's LRU Evict-on-Execution;
+- ``generate``: a generated chat LM of ``--generate-mb`` decoding 16 concurrent requests in
+  one continuous batch against the same requests one at a time (``gpu_generate``).
+``--only generate`` measures that part alone. Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from arl_tangram.bench import gpu_fragmentation, gpu_stall, gpu_standalone, gpu_swap
+from arl_tangram.bench import gpu_fragmentation, gpu_generate, gpu_stall, gpu_standalone, gpu_swap
 
 ASSUMPTIONS = {
     "mopd_trace": "closed loop, one request at a time; teacher drawn from Zipf(s) over a seeded "
@@ -58,6 +60,9 @@ ASSUMPTIONS = {
     "churn runs in 1-s windows alternating with 1-s windows without it (--stall-s of each); every "
     "heartbeat and call is classed by whether it overlapped a swap, so both sides see the same "
     "drift of the host's load",
+    "generate": f"{gpu_generate.NUM_CONCURRENT} concurrent greedy requests of exactly {gpu_generate.NEW_TOKENS} new "
+    "tokens (EOS masked) on prompts of 24-40 tokens; serial = --generate-serial of the same requests one at "
+    "a time; ttft from each request's submission; cold start = evict, load, first token, median of 10",
 }
 
 
@@ -96,6 +101,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--stall-s", type=float, default=10.0, help="churn seconds of the stall test"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--generate-mb", type=float, default=256, help="generated chat LM (fp32: 64 M parameters)")
+    parser.add_argument("--generate-serial", type=int, default=4, help="requests timed one after another")
+    parser.add_argument("--only", choices=["generate"], default=None, help="measure one part alone")
     parser.add_argument(
         "--torch-threads",
         type=int,
@@ -280,8 +288,15 @@ def measure_mopd(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
 
 
 def _targets(result: dict[str, Any]) -> dict[str, bool]:
+    generate = result.get("generate")
+    targets = {} if generate is None else {
+        "generate_batch_speedup>=4": generate["batch_speedup"] >= 4,
+        "generate_matches_reference": bool(generate["matches_reference"]),
+    }  # fmt: skip
+    if "mopd" not in result:
+        return targets
     mopd = result["mopd"]
-    return {
+    return targets | {
         "swap_efficiency>=0.8": result["swap_efficiency"] >= 0.8,
         "swap_vs_cold>=10": result["swap_vs_cold"] >= 10,
         "fragmentation_extent>=0.9": result["fragmentation_largest_free_extent_ratio"] >= 0.9,
@@ -294,6 +309,10 @@ def _targets(result: dict[str, Any]) -> dict[str, bool]:
 
 
 def _print_table(result: dict[str, Any]) -> None:
+    if "mopd" not in result:
+        for key, value in sorted(result.get("generate", {}).items()):
+            print(f"generate.{key:<28}  {value}")
+        return
     mopd = result["mopd"]
     rows = [
         ("device", result["device"]),
@@ -346,7 +365,6 @@ def main(argv: list[str]) -> int:
     import torch
 
     from arl_tangram.managers.gpu.devices import cuda_available
-    from arl_tangram.managers.gpu.models import generate_causal_lm
 
     on_cuda = cuda_available() and not args.cpu
     threads = args.torch_threads or (None if on_cuda else 1)
@@ -364,6 +382,27 @@ def main(argv: list[str]) -> int:
     # figures on a shared host: say how shared (1-minute load average at start and end)
     loadavg = [os.getloadavg()[0]]
     result: dict[str, Any] = {"device": device, "phase_s": phase_s, "host_loadavg_1m": loadavg}
+    if args.only != "generate":
+        _measure_managers(args, cache, phase_s, result)
+    _log(f"generate: a {args.generate_mb:.0f} MB chat LM, {gpu_generate.NUM_CONCURRENT} concurrent requests")
+    with _timed(phase_s, "generate_decode"):
+        spec = lambda name, budget: _device_spec(args, name, budget)  # noqa: E731
+        result["generate"] = gpu_generate.measure(spec, cache, int(args.generate_mb * 1e6), args.generate_serial, log=_log)
+    result["targets"] = _targets(result)
+    result["assumptions"] = ASSUMPTIONS
+    loadavg.append(os.getloadavg()[0])
+    result["elapsed_s"] = time.perf_counter() - started
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+    return 0
+
+
+def _measure_managers(args: argparse.Namespace, cache: Path, phase_s: dict[str, float], result: dict[str, Any]) -> None:
+    """Every figure but ``generate`` (see the module docstring)."""
+    from arl_tangram.managers.gpu.models import generate_causal_lm
+
     with _timed(phase_s, "generate"):
         folder = generate_causal_lm(
             cache, int(args.model_mb * 1e6), seed=args.seed, dtype=args.dtype
@@ -401,12 +440,3 @@ def main(argv: list[str]) -> int:
     _log("mopd: 9 teachers")
     with _timed(phase_s, "mopd"):
         result["mopd"] = measure_mopd(args, cache)
-    result["targets"] = _targets(result)
-    result["assumptions"] = ASSUMPTIONS
-    loadavg.append(os.getloadavg()[0])
-    result["elapsed_s"] = time.perf_counter() - started
-    if args.json:
-        print(json.dumps(result))
-    else:
-        _print_table(result)
-    return 0

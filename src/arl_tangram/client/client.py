@@ -154,10 +154,12 @@ class AsyncClient:
 
     async def register_service(
         self, name: str, *, handler: str, folder: str | None = None, module: str | None = None,
-        devices_min: int = 1, devices_max: int = 1,
+        devices_min: int = 1, devices_max: int = 1, max_batch: int | None = None, max_context_tokens: int | None = None,
     ) -> None:  # fmt: skip
-        """Register a model (local safetensors folder, or ``pkg.mod:factory``) as a service."""
-        await self.transport.register_service(ServiceConfig(name, handler, folder, module, devices_min, devices_max))
+        """Register a model (local safetensors folder, or ``pkg.mod:factory``) as a service;
+        a ``generate`` service takes its KV cache sizing (``max_batch``, ``max_context_tokens``)."""
+        config = ServiceConfig(name, handler, folder, module, devices_min, devices_max, None, max_batch, max_context_tokens)
+        await self.transport.register_service(config)
 
 
 class Env:

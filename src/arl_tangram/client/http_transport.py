@@ -183,6 +183,9 @@ class HttpTransport(Transport):
             "name": service.name, "handler": service.handler, "folder": service.folder, "module": service.module,
             "devices_min": service.devices_min, "devices_max": service.devices_max,
         }  # fmt: skip
+        for key in ("max_batch", "max_context_tokens"):  # generate services only
+            if getattr(service, key) is not None:
+                body[key] = getattr(service, key)
         s = await self._call("POST", "/v1/services", json=body)
         spec = ServiceSpec(s["name"], s["weight_bytes"], s["devices_min"], s["devices_max"])
         await self.refresh()

@@ -129,19 +129,36 @@ class ActionSpec:
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """A GPU service (reward, judge or teacher model): weights size and devices per replica."""
+    """A GPU service (reward, judge or teacher model): weights size and devices per replica.
+
+    A generating service (an LLM judge, a GenRM) also holds a KV cache that grows with its
+    batch: ``kv_cache_bytes`` is one replica's reservation for it, sized by the manager from
+    its config (max batch x max context x KV bytes per token); it sits on the replica's first
+    device beside that device's share of the weights and is never copied on a swap-in.
+    """
 
     name: str
     weight_bytes: int
     devices_min: int = 1
     devices_max: int = 1
     tenant: str = "default"
+    kv_cache_bytes: int = 0
+    max_batch: int = 1  # actions one replica runs at once (a generating service's batch)
+
+    def device_bytes(self, size: int) -> int:
+        """Bytes the most loaded device of a ``size``-device replica holds (weights split
+        evenly, the KV cache on the first device)."""
+        return -(-self.weight_bytes // size) + self.kv_cache_bytes
 
     def __post_init__(self) -> None:
         if not self.name:
             raise SpecError("name", "must be non-empty", self.name)
         if not isinstance(self.weight_bytes, int) or self.weight_bytes <= 0:
             raise SpecError("weight_bytes", "must be an integer > 0", self.weight_bytes)
+        if not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes < 0:
+            raise SpecError("kv_cache_bytes", "must be an integer >= 0", self.kv_cache_bytes)
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise SpecError("max_batch", "must be an integer >= 1", self.max_batch)
         for name in ("devices_min", "devices_max"):
             if getattr(self, name) not in GPU_CHUNK_SIZES:
                 raise SpecError(name, "must be a GPU chunk size in {1, 2, 4, 8}", getattr(self, name))

@@ -54,8 +54,11 @@ def _check_gpu(state: ClusterState) -> None:
         if masks[rep.node_id] & m:
             _fail(f"replica {rep.replica_id}: overlaps another replica's devices")
         masks[rep.node_id] |= m
-        if rep.busy_action is not None and rep.busy_action not in state.running:
+        if any(a not in state.running for a in rep.busy_actions):
             _fail(f"replica {rep.replica_id}: busy with an action that is not running")
+        service = state.spec.services.get(rep.service)
+        if service is not None and len(rep.busy_actions) > service.max_batch:
+            _fail(f"replica {rep.replica_id}: {len(rep.busy_actions)} actions, above max_batch {service.max_batch}")
     for node in state.spec.gpu_nodes:
         if node.node_id in state.gpu and state.gpu[node.node_id] != masks[node.node_id]:
             _fail(f"gpu {node.node_id}: used mask != union of replica chunks")

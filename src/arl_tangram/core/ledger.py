@@ -110,7 +110,8 @@ def start_action(
         ed.w("env_busy")[env_id] = ed.env_busy.get(env_id, ()) + (spec.action_id,)
     if replica_id is not None:
         rep = ed.replicas[replica_id]
-        ed.w("replicas")[replica_id] = replace(rep, busy_action=spec.action_id, last_used_s=ed.now_s)
+        busy = (*rep.busy_actions, spec.action_id)  # several only for a batching service
+        ed.w("replicas")[replica_id] = replace(rep, busy_actions=busy, last_used_s=ed.now_s)
     return StartAction(spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt)
 
 
@@ -134,8 +135,9 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
         else:
             ed.w("env_busy").pop(env_id, None)
     rep = ed.replicas.get(run.replica_id) if run.replica_id else None
-    if rep is not None and rep.busy_action == action_id:
-        ed.w("replicas")[rep.replica_id] = replace(rep, busy_action=None, last_used_s=ed.now_s)
+    if rep is not None and action_id in rep.busy_actions:
+        busy = tuple(a for a in rep.busy_actions if a != action_id)
+        ed.w("replicas")[rep.replica_id] = replace(rep, busy_actions=busy, last_used_s=ed.now_s)
     if exec_s is not None:
         observe_duration(ed, run, exec_s)
     return run

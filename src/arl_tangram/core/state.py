@@ -62,9 +62,16 @@ class Replica:
     offset: int
     size: int
     ready: bool = False
-    busy_action: str | None = None
+    # Actions running on it, in start order: at most one, or up to its service's
+    # ``max_batch`` for a generating service (they decode together in one batch).
+    busy_actions: tuple[str, ...] = ()
     last_used_s: float = 0.0
     pinned: bool = False  # static deployments are never evicted
+
+    @property
+    def busy_action(self) -> str | None:
+        """The first action running on it (None: idle, so it may be evicted)."""
+        return self.busy_actions[0] if self.busy_actions else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,22 @@ def uniform_cluster(
     )
 
 
+def check_replica_memory(service: ServiceSpec, cluster: ClusterSpec, lo: int, hi: int) -> None:
+    """Raise ``SpecError`` unless some replica size in [lo, hi] fits a GPU node's devices,
+    the KV cache of a generating service counted (``ServiceSpec.device_bytes``)."""
+    for node in cluster.gpu_nodes:
+        size = lo
+        while size <= min(hi, node.devices):
+            if service.device_bytes(size) <= node.device_mem_bytes:
+                return
+            size *= 2
+    need = service.device_bytes(min(hi, max((n.devices for n in cluster.gpu_nodes), default=1)))
+    raise SpecError(
+        "binding.name", f"service {service.name!r} needs {need} bytes per device (weights + KV cache "
+        f"{service.kv_cache_bytes}); no GPU node's devices hold that", service.name,
+    )  # fmt: skip
+
+
 def check_can_ever_fit(spec: ActionSpec, cluster: ClusterSpec) -> None:
     """Raise ``SpecError`` if no node of ``cluster`` could ever run ``spec`` at ``dop_min``."""
     demand = spec.demand_at(spec.dop_min)
@@ -169,6 +185,7 @@ def check_can_ever_fit(spec: ActionSpec, cluster: ClusterSpec) -> None:
                 "dop_min", f"must overlap the service's replica sizes [{service.devices_min}, {service.devices_max}]",
                 (spec.dop_min, spec.dop_max),
             )
+        check_replica_memory(service, cluster, lo, hi)
         return
     if binding.kind == "api":
         pool = cluster.quota_pool(binding.name)

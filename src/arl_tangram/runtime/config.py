@@ -36,9 +36,13 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     [[services]]
     name = "reward/minilm"
     folder = "/models/all-MiniLM-L6-v2"   # or module = "package.module:factory"
-    handler = "score"                 # embed | score | logprobs
+    handler = "score"                 # embed | score | logprobs | classify | generate
     devices_min = 1
     devices_max = 1
+    # generate only: the KV cache a replica reserves beside its weights = max_batch x
+    # max_context_tokens x the model's KV bytes per token
+    max_batch = 16                    # sequences one replica decodes together
+    max_context_tokens = 2048         # prompt + new tokens of one sequence (omit: the model's context)
 
     [service]
     journal_path = "/var/lib/arl-tangram/journal.sqlite"   # omit: no journal (the embedded default)
@@ -103,7 +107,7 @@ __all__ = [
 ]  # fmt: skip
 #: request handlers of model services (managers/gpu/handlers.py ``HANDLERS``; named here so
 #: reading a configuration never imports torch)
-SERVICE_HANDLERS = ("embed", "score", "logprobs", "classify")
+SERVICE_HANDLERS = ("embed", "score", "logprobs", "classify", "generate")
 DEVICE_COUNTS = (1, 2, 4, 8)  # the core's aligned GPU chunk sizes
 
 
@@ -150,6 +154,8 @@ class ServiceConfig:
     devices_min: int = 1
     devices_max: int = 1
     weight_bytes: int | None = None
+    max_batch: int | None = None  # generate: sequences decoded together (None: 16)
+    max_context_tokens: int | None = None  # generate: None = the model's context
 
 
 @dataclass(frozen=True)
@@ -319,8 +325,16 @@ def _service(t: Table) -> ServiceConfig:
         raise ConfigError(t.path("devices_min"), "must be <= devices_max", devices["devices_min"])
     weight = t.get("weight_bytes")
     weight_bytes = None if weight is None else parse_size_bytes(weight, t.path("weight_bytes"))
+    kv: dict[str, int | None] = {}
+    for key, least in (("max_batch", 1), ("max_context_tokens", 2)):
+        if t.get(key) is not None and handler != "generate":
+            raise ConfigError(t.path(key), "applies to generate services only", t.get(key))
+        kv[key] = None if t.get(key) is None else t.integer(key, 0, minimum=least)
     t.done()
-    return ServiceConfig(name, handler, folder, module, devices["devices_min"], devices["devices_max"], weight_bytes)
+    return ServiceConfig(
+        name, handler, folder, module, devices["devices_min"], devices["devices_max"], weight_bytes,
+        kv["max_batch"], kv["max_context_tokens"],
+    )  # fmt: skip
 
 def _unique(items: tuple[Any, ...], where: str) -> tuple[Any, ...]:
     seen: set[str] = set()

@@ -228,7 +228,7 @@ class LiveExecutor(Executor):
             if isinstance(payload, ExecPayload):
                 result, exec_s = await run_exec(self, self._agent(d.node_id), record, d, payload, cancel)
             elif isinstance(payload, ServicePayload):
-                result, exec_s = await run_service(self, self._agent(d.node_id), record, d, payload)
+                result, exec_s = await run_service(self, self._agent(d.node_id), record, d, payload, cancel)
             elif isinstance(payload, ApiPayload):
                 result, exec_s = await run_api(self._api_agent(), record, payload)
             else:

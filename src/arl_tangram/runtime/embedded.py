@@ -100,14 +100,15 @@ class EmbeddedRuntime:
         await self._ensure_gpu()
         gpu = self.agent.gpu
         assert gpu is not None
+        kv = kv_config(service)
         if service.folder is not None:
-            info = await asyncio.to_thread(gpu.register_folder, service.name, Path(service.folder), service.handler)
+            info = await asyncio.to_thread(gpu.register_folder, service.name, Path(service.folder), service.handler, kv)
             _check_loaded(info, "folder", service.folder)
         elif service.module is not None:
             # imported and called on a worker thread: an import's or a factory's time
             # never stalls the loop (and ``module`` is an operator's: config or allowlist)
             factory = await asyncio.to_thread(_import_factory, service.module)
-            info = await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler)
+            info = await asyncio.to_thread(gpu.register_module, service.name, factory, service.handler, kv)
             _check_loaded(info, "module", service.module)
         check_replica_fits(gpu, service.name, service.devices_min, service.devices_max)
         spec = self.agent.service_spec(service.name, service.devices_min, service.devices_max)
@@ -120,6 +121,15 @@ def cluster_spec(config: TangramConfig) -> ClusterSpec:
     fair-share weight (nodes join as their agents do)."""
     weights = {name: t.weight for name, t in sorted(config.tenants.items())}
     return ClusterSpec(quota_pools=quota_pools(config), tenant_weights=weights)
+
+
+def kv_config(service: ServiceConfig) -> Any:
+    """A ``generate`` service's KV cache sizing (``managers/gpu/kv.py``); None for others."""
+    if service.handler != "generate":
+        return None
+    from arl_tangram.managers.gpu.kv import DEFAULT_MAX_BATCH, KvCacheConfig
+
+    return KvCacheConfig(service.max_batch or DEFAULT_MAX_BATCH, service.max_context_tokens)
 
 
 def _make_gpu_manager(config: TangramConfig) -> Any:

@@ -12,6 +12,7 @@ output itself. The result keeps the reference in ``held``; the bytes stay on the
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -72,9 +73,15 @@ async def run_exec(
 
 
 async def run_service(
-    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ServicePayload
-) -> tuple[ActionResult, float]:
-    """A request to the replica the decision names, once that replica has loaded."""
+    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ServicePayload,
+    cancel: threading.Event | None = None,
+) -> tuple[ActionResult, float]:  # fmt: skip
+    """A request to the replica the decision names, once that replica has loaded.
+
+    A generation (a request with ``"stream": true``) reports each decoded token as it
+    comes: one JSON event per chunk of the record's live output (stream ``"event"``), which
+    the OpenAI face turns into server-sent events. ``cancel`` ends a generation at its next
+    decode step (the action's cancellation)."""
     gpu = agent.gpu
     if gpu is None or d.replica_id is None:
         raise RuntimeError(f"node {d.node_id} has no GPU manager, or no replica was named")
@@ -84,7 +91,17 @@ async def run_service(
         if failure is not None:
             return ActionResult(d.action_id, record.spec.kind, "error", cause=f"replica_failed: {failure}"), 0.0
     started = time.monotonic()
-    output: Any = await ex.blocking(gpu.run, d.replica_id, p.request)
+    on_event = None
+    if isinstance(p.request, dict) and p.request.get("stream") is True:
+        loop = asyncio.get_running_loop()
+
+        def on_event(event: dict[str, Any]) -> None:  # the decoding thread: hop to the loop
+            loop.call_soon_threadsafe(record.add_output, "event", json.dumps(event).encode())
+
+    if on_event is None and cancel is None:
+        output: Any = await ex.blocking(gpu.run, d.replica_id, p.request)
+    else:
+        output = await ex.blocking(gpu.run, d.replica_id, p.request, on_event, cancel)
     exec_s = time.monotonic() - started
     if isinstance(output, LazyOutput):  # left on its node: see the module docstring
         return ActionResult(d.action_id, record.spec.kind, "succeeded", held={"output": output}), exec_s

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from arl_tangram.api.compat import openai_face, sandboxfusion, swerex
+from arl_tangram.api.compat import chat, openai_face, sandboxfusion, swerex
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.tenancy import CompatSettings, CompatState
 from arl_tangram.runtime.config import ConfigError
@@ -52,6 +52,7 @@ def mount_compat(
     app.router.lifespan_context = lifespan
     app.include_router(sandboxfusion.router)
     app.include_router(openai_face.router)
+    app.include_router(chat.router)
     app.include_router(swerex.router)
 
 

@@ -4,10 +4,10 @@
 
 ``model`` names a service the caller's tenant may call (its own or a shared one); every
 request is one service action per input, which the scheduler places and the GPU manager
-swaps in on demand. The face scores, it does not generate: the model services' handlers
-(managers/gpu/handlers.py) are ``embed``, ``score``, ``logprobs`` and ``classify``, so a completion asks
-``max_tokens`` 0 (with ``echo``) or 1 (with ``prompt_logprobs``, vLLM's teacher-scoring
-call; the one generated token is not produced: ``text`` is empty). ``logprobs`` hold the
+swaps in on demand. On a ``logprobs`` service a completion scores: it asks ``max_tokens`` 0
+(with ``echo``) or 1 (with ``prompt_logprobs``, vLLM's teacher-scoring call; the one
+generated token is not produced: ``text`` is empty). On a ``generate`` service it
+generates (``chat.py``, which also serves ``/v1/chat/completions``). ``logprobs`` hold the
 actual token's log-probability only (the handler returns no top-k alternatives); ranks are
 ``null``. ``/classify`` needs a service whose handler is ``classify`` (a sequence-
 classification head, e.g. a reward model; any other answers a clear 400). Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; the
@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import struct
 import time
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arl_tangram.api.compat.tenancy import Unauthorized, compat_state, tenant_for
@@ -32,7 +33,7 @@ from arl_tangram.api.json_body import JsonBodyRoute, read_json
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState, Overloaded, new_id
 from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
-from arl_tangram.runtime.actions import ActionResult, ServicePayload, read_result
+from arl_tangram.runtime.actions import ActionRecord, ActionResult, ServicePayload, read_result
 
 router = APIRouter(tags=["openai"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's
 MAX_INPUTS = 256
@@ -108,9 +109,8 @@ def _service(state: ApiState, tenant: str, model: str, handlers: tuple[str, ...]
     return internal
 
 
-async def call_service(state: ApiState, tenant: str, internal: str, request: dict[str, Any]) -> dict[str, Any]:
-    """One service action (one device per unit, as the SDK's ``call``); its output, or an
-    ``OpenAIError``: invalid input 400, overload 503, anything else 500."""
+def submit_service(state: ApiState, tenant: str, internal: str, request: dict[str, Any]) -> ActionRecord:
+    """Submit one service action (one device per unit, as the SDK's ``call``); overload 503."""
     service = state.controller.loop.state.spec.services[internal]
     spec = ActionSpec(
         state.scoped(tenant, new_id("oai")), internal, Binding("service", internal), tenant,
@@ -118,13 +118,19 @@ async def call_service(state: ApiState, tenant: str, internal: str, request: dic
         dop_min=service.devices_min, dop_max=service.devices_max,
     )  # fmt: skip
     try:
-        record = state.submit(spec, ServicePayload(request), None)
+        return state.submit(spec, ServicePayload(request), None)
     except Overloaded as exc:
         raise OpenAIError(503, f"overloaded: {exc}", "server_error", code="overloaded") from None
+
+
+async def call_service(state: ApiState, tenant: str, internal: str, request: dict[str, Any]) -> dict[str, Any]:
+    """One service action; its output, or an ``OpenAIError``: invalid input 400 (its
+    ``param`` the field the handler named), overload 503, anything else 500."""
+    record = submit_service(state, tenant, internal, request)
     try:
         result: ActionResult = await read_result(record)  # held outputs (Ray) fetched
     except asyncio.CancelledError:
-        state.controller.cancel(spec.action_id)
+        state.controller.cancel(record.spec.action_id)
         raise
     state.ack(record)
     if result.ok:
@@ -132,11 +138,12 @@ async def call_service(state: ApiState, tenant: str, internal: str, request: dic
         return output
     cause = result.cause or result.outcome
     if cause.startswith("InvalidRequestError"):
-        raise OpenAIError(400, cause.partition(": ")[2] or cause)
+        named = re.search(r"field '([^']+)'", cause)
+        raise OpenAIError(400, cause.partition(": ")[2] or cause, param=named.group(1) if named else None)
     raise OpenAIError(500, f"the model call ended {result.outcome}: {cause}", "server_error")
 
 
-async def _face(request: Request, work: Any) -> JSONResponse:
+async def _face(request: Request, work: Any) -> Response:
     """Tenant, then ``work(state, tenant, raw_body)`` in a tracked task; OpenAI errors."""
     state: ApiState = compat_state(request).api
     try:
@@ -144,7 +151,8 @@ async def _face(request: Request, work: Any) -> JSONResponse:
         raw = await read_json(request) if request.method == "POST" else None
         if request.method == "POST" and not isinstance(raw, dict):
             raise OpenAIError(400, "the body must be a JSON object")
-        return JSONResponse(await asyncio.shield(state.spawn(work(state, tenant, raw))))
+        out = await asyncio.shield(state.spawn(work(state, tenant, raw)))
+        return out if isinstance(out, Response) else JSONResponse(out)  # a stream is answered as it is
     except OpenAIError as exc:
         return exc.response()
     except ValueError as exc:  # a body that is not JSON
@@ -156,7 +164,7 @@ async def _face(request: Request, work: Any) -> JSONResponse:
 
 
 @router.get("/v1/models")
-async def models(request: Request) -> JSONResponse:
+async def models(request: Request) -> Response:
     async def work(state: ApiState, tenant: str, _raw: Any) -> dict[str, Any]:
         data = [{"id": ext, "object": "model", "created": 0, "owned_by": "arl-tangram"} for ext, _i, _s in state.services_of(tenant)]
         return {"object": "list", "data": data}
@@ -173,7 +181,7 @@ def _inputs(value: Any) -> list[Any]:
 
 
 @router.post("/v1/embeddings")
-async def embeddings(request: Request) -> JSONResponse:
+async def embeddings(request: Request) -> Response:
     async def work(state: ApiState, tenant: str, raw: Any) -> dict[str, Any]:
         body: EmbeddingsBody = _parse(EmbeddingsBody, raw)
         if body.encoding_format not in ("float", "base64"):
@@ -211,8 +219,13 @@ def _choice(index: int, prompt: Any, out: dict[str, Any], body: CompletionsBody)
 
 
 @router.post("/v1/completions")
-async def completions(request: Request) -> JSONResponse:
-    async def work(state: ApiState, tenant: str, raw: Any) -> dict[str, Any]:
+async def completions(request: Request) -> Response:
+    async def work(state: ApiState, tenant: str, raw: Any) -> Any:
+        generating = _generating(state, tenant, raw)
+        if generating is not None:
+            from arl_tangram.api.compat.chat import generate_completion
+
+            return await generate_completion(state, tenant, raw, generating)
         body: CompletionsBody = _parse(CompletionsBody, raw)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         if max_tokens > 1 or (max_tokens == 1 and body.prompt_logprobs is None):
@@ -234,9 +247,18 @@ async def completions(request: Request) -> JSONResponse:
     return await _face(request, work)
 
 
+def _generating(state: ApiState, tenant: str, raw: Any) -> str | None:
+    """The internal name of the body's model when it is a ``generate`` service, else None."""
+    internal = state.service_internal(tenant, raw.get("model")) if isinstance(raw.get("model"), str) else None
+    gpu = state.runtime.agent.gpu
+    if internal is None or gpu is None:
+        return None
+    return internal if gpu.service_info(internal).handler == "generate" else None
+
+
 @router.post("/classify")
 @router.post("/v1/classify")
-async def classify(request: Request) -> JSONResponse:
+async def classify(request: Request) -> Response:
     async def work(state: ApiState, tenant: str, raw: Any) -> dict[str, Any]:
         body: ClassifyBody = _parse(ClassifyBody, raw)
         internal = _service(state, tenant, body.model, ("classify",), "/classify")

@@ -206,18 +206,19 @@ class NodeAgentActor:
         return True
 
     def register_service(
-        self, name: str, handler: str, folder: str | None, module: str | None, epoch: int = 0
-    ) -> Any:
+        self, name: str, handler: str, folder: str | None, module: str | None, epoch: int = 0,
+        kv: Any = None,
+    ) -> Any:  # fmt: skip
         """Register a model service from a folder on this node or a ``pkg.mod:factory``
         importable here; returns its ``ServiceInfo``."""
         gpu = self._manager("gpu", epoch)
         if folder is not None:
-            return gpu.register_folder(name, Path(folder), handler)
+            return gpu.register_folder(name, Path(folder), handler, kv)
         if module is None:
             raise ValueError("a service needs a folder or a module")
         module_name, _, attr = module.partition(":")
         return gpu.register_module(
-            name, getattr(importlib.import_module(module_name), attr), handler
+            name, getattr(importlib.import_module(module_name), attr), handler, kv
         )
 
     def close(self) -> list[str]:

@@ -234,23 +234,23 @@ class RayGpuProxy:
         return int(self.link.call("gpu", "footprint_bytes", service, num_devices))
 
     def register(
-        self, name: str, handler: str, folder: str | None, module: str | None
+        self, name: str, handler: str, folder: str | None, module: str | None, kv: Any = None
     ) -> ServiceInfo:
         """Register a service from a ``folder`` on the node, or a ``pkg.mod:factory`` path
         imported there (the controller's host need not have the model's dependencies)."""
         self.link.check()
         info: ServiceInfo = self.link.wait(
-            self.link.actor.register_service.remote(name, handler, folder, module, self.link.epoch)
+            self.link.actor.register_service.remote(name, handler, folder, module, self.link.epoch, kv)
         )
         return info
 
-    def register_folder(self, name: str, path: str | Path, handler: str) -> ServiceInfo:
+    def register_folder(self, name: str, path: str | Path, handler: str, kv: Any = None) -> ServiceInfo:
         """``path`` is a folder on the remote node (the same path on every GPU node)."""
-        return self.register(name, handler, str(path), None)
+        return self.register(name, handler, str(path), None, kv)
 
-    def register_module(self, name: str, factory: Any, handler: str) -> ServiceInfo:
+    def register_module(self, name: str, factory: Any, handler: str, kv: Any = None) -> ServiceInfo:
         """``factory`` travels pickled (by reference when importable on the node)."""
-        info: ServiceInfo = self.link.call("gpu", "register_module", name, factory, handler)
+        info: ServiceInfo = self.link.call("gpu", "register_module", name, factory, handler, kv)
         return info
 
     def load(self, replica_id: str, service: str, devices: Sequence[int]) -> float:
@@ -259,8 +259,12 @@ class RayGpuProxy:
     def evict(self, replica_id: str) -> None:
         self.link.call("gpu", "evict", replica_id)
 
-    def run(self, replica_id: str, request: Any) -> dict[str, Any]:
-        """The service's output; one of at least ``hold_min_bytes`` comes back as its
+    def run(
+        self, replica_id: str, request: Any, on_event: Any = None, cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """The service's output (a generation arrives whole: ``on_event`` is not called
+        across Ray, and ``cancel`` is not forwarded; the action's cancellation still ends
+        the wait); one of at least ``hold_min_bytes`` comes back as its
         ``RayHeldOutput`` (a ``runtime.actions.LazyOutput``, which the runner recognises
         before anything reads it as a dict), the bytes left on the node."""
         self.link.check()

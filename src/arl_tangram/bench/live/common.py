@@ -25,6 +25,7 @@ class LiveOptions:
     quick: bool
     report_dir: Path | None
     seed: int = 0
+    judge: str = "minilm"  # DeepSearch's judge: "minilm" or "generative" (``judges.py``)
 
 
 class Progress:

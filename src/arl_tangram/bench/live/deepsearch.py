@@ -2,8 +2,9 @@
 
 Trajectories alternate generation (think time; no LLM runs) with queries to a local search
 provider (``search_service``: SQLite FTS5 over the HumanEval prompts, in its own process,
-enforcing its own rate limit with 429s), then a judge model (MiniLM ``score``) scores the
-top hit against the question. Two systems run the same seeded request stream, each against
+enforcing its own rate limit with 429s), then a judge model scores the top hit against the
+question: MiniLM ``score`` by default, or with ``--judge generative`` an LLM-as-a-judge (a
+generated causal LM behind the ``generate`` handler, ``judges.py``). Two systems run the same seeded request stream, each against
 a fresh provider with the same limit:
 
 - ``tangram``: the provider in ``[[providers]]`` at its real rate; calls go through
@@ -34,6 +35,7 @@ from typing import Any
 import httpx
 
 from arl_tangram.bench.live.common import LiveOptions, Progress, SystemRun, WorkloadResult
+from arl_tangram.bench.live.judges import JudgeModel, judge_model
 from arl_tangram.bench.live.search_service import (
     SearchService,
     ServiceSettings,
@@ -44,7 +46,6 @@ from arl_tangram.bench.live.search_service import (
 from arl_tangram.bench.live.simcheck import fit_lognormal, mean_of, platform_latency_s
 
 NAME = "deepsearch"
-JUDGE = "judge/minilm"
 JUDGE_DEVICE_BYTES = 256 << 20  # one CPU device for the judge in both systems (MiniLM: ~90 MB fp32)
 
 
@@ -164,11 +165,11 @@ async def _drive(system: str, plans: list[Plan], search: Search, judge: Judge, t
 
 
 async def _run_tangram(
-    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, tick: Callable[[], None], start: asyncio.Barrier
+    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, tick: Callable[[], None], start: asyncio.Barrier,
+    jm: JudgeModel,
 ) -> tuple[SystemRun, list[Rec], list[float]]:  # fmt: skip
     import arl_tangram
     from arl_tangram.managers.api.config import ProviderConfig
-    from arl_tangram.managers.gpu.models import minilm_path
     from arl_tangram.runtime.config import GpuConfig, TangramConfig
 
     provider = ProviderConfig(
@@ -177,7 +178,9 @@ async def _run_tangram(
     config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=JUDGE_DEVICE_BYTES), providers=(provider,))
     await start.wait()  # the baseline's judge loaded first: transformers' first import is not thread-safe
     async with arl_tangram.connect(config=config) as tg:
-        await tg.register_service(JUDGE, handler="score", folder=str(minilm_path()))
+        await tg.register_service(
+            jm.name, handler=jm.handler, folder=str(jm.folder), max_batch=jm.max_batch, max_context_tokens=jm.max_context_tokens,
+        )  # fmt: skip
 
         async def search(query: str) -> tuple[Rec, dict[str, Any]]:
             r = await tg.call("api/search", {"q": query, "k": 5}, path="/search", timeout_s=300.0)
@@ -186,8 +189,8 @@ async def _run_tangram(
             return Rec("search", r.act_s, r.queue_s, r.exec_s, r.overhead_s, r.ok, leaked), body
 
         async def judge(answer: str, question: str) -> tuple[Rec, float]:
-            r = await tg.call(JUDGE, {"a": answer, "b": question})
-            score = float(r.output["score"]) if r.ok else float("nan")
+            r = await tg.call(jm.name, jm.request(answer, question))
+            score = jm.score(r.output) if r.ok else float("nan")
             return Rec("judge", r.act_s, r.queue_s, r.exec_s, r.overhead_s, r.ok), score
 
         await start.wait()  # both systems set up: the two streams start together
@@ -207,19 +210,19 @@ def _backoff_s(p: DeepSearchLiveParams, response: httpx.Response, attempt: int, 
 
 
 async def _run_semaphore(
-    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, seed: int, tick: Callable[[], None], start: asyncio.Barrier
+    p: DeepSearchLiveParams, plans: list[Plan], svc: SearchService, seed: int, tick: Callable[[], None], start: asyncio.Barrier,
+    jm: JudgeModel,
 ) -> tuple[SystemRun, list[Rec], list[float]]:  # fmt: skip
     from arl_tangram.managers.gpu.devices import cpu_devices
     from arl_tangram.managers.gpu.manager import GpuManager
-    from arl_tangram.managers.gpu.models import minilm_path
 
     sem = asyncio.Semaphore(p.semaphore)
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {svc.settings.key}"}
     gpu = GpuManager(cpu_devices([JUDGE_DEVICE_BYTES]))
     try:
-        await asyncio.to_thread(gpu.register_folder, JUDGE, minilm_path(), "score")
-        await asyncio.to_thread(gpu.load, JUDGE, JUDGE, [0])  # the static deployment is up before the step
+        await asyncio.to_thread(gpu.register_folder, jm.name, jm.folder, jm.handler, jm.kv())
+        await asyncio.to_thread(gpu.load, jm.name, jm.name, [0])  # the static deployment is up before the step
         await start.wait()  # lets tangram set up
         async with httpx.AsyncClient(base_url=svc.base_url, timeout=60.0) as client:
 
@@ -243,9 +246,9 @@ async def _run_semaphore(
 
             async def judge(answer: str, question: str) -> tuple[Rec, float]:
                 started = time.monotonic()
-                out = await gpu.run_async(JUDGE, {"a": answer, "b": question})
+                out = await gpu.run_async(jm.name, jm.request(answer, question))
                 act_s = time.monotonic() - started
-                return Rec("judge", act_s, 0.0, act_s, 0.0, True), float(out["score"])
+                return Rec("judge", act_s, 0.0, act_s, 0.0, True), jm.score(out)
 
             await start.wait()
             return await _drive("semaphore", plans, search, judge, tick)
@@ -275,7 +278,7 @@ def _summarise(runs: dict[str, tuple[SystemRun, list[Rec], list[float]]], stats:
     return summary
 
 
-def _fit(p: DeepSearchLiveParams, recs: list[Rec]) -> dict[str, Any]:
+def _fit(p: DeepSearchLiveParams, recs: list[Rec], jm: JudgeModel) -> dict[str, Any]:
     """DeepSearchParams-shaped distribution parameters of the tangram run: the plan's
     parameters plus the measured service times (means and log-space spreads)."""
     search_mean_s, search_sigma = fit_lognormal([r.exec_s for r in recs if r.kind == "search" and r.ok])
@@ -283,28 +286,29 @@ def _fit(p: DeepSearchLiveParams, recs: list[Rec]) -> dict[str, Any]:
     # the judge calls wait for no quota: their fastest fifth shows the platform's own latency
     judges = [r for r in recs if r.kind == "judge"]
     latency_s = platform_latency_s([r.queue_s for r in judges], [r.overhead_s for r in judges])
-    from arl_tangram.managers.gpu.models import folder_weight_bytes, minilm_path
+    from arl_tangram.managers.gpu.models import folder_weight_bytes
 
     return {
         "batch": p.trajectories, "calls_min": p.calls_min, "calls_max": p.calls_max,
         "think_mean_s": p.think_mean_s, "think_sigma": p.think_sigma,
         "search_latency_s": search_mean_s + latency_s, "provider_rate_per_s": p.rate_per_s,
         "provider_concurrency": p.tangram_concurrency, "judge_t_ori_s": judge_mean_s + latency_s,
-        "judge_weight_bytes": folder_weight_bytes(minilm_path()), "judge_replicas": 1, "judge_devices": 1,
+        "judge_weight_bytes": folder_weight_bytes(jm.folder), "judge": jm.name, "judge_replicas": 1, "judge_devices": 1,
         "sigma": search_sigma, "gpu_devices": 1, "platform_latency_s": latency_s,
         "provider_burst": p.burst, "tangram_burst": p.tangram_burst,
     }  # fmt: skip
 
 
 async def _both(
-    p: DeepSearchLiveParams, plans: list[Plan], services: dict[str, SearchService], seed: int, tick: Callable[[], None]
+    p: DeepSearchLiveParams, plans: list[Plan], services: dict[str, SearchService], seed: int, tick: Callable[[], None],
+    jm: JudgeModel,
 ) -> dict[str, tuple[SystemRun, list[Rec], list[float]]]:  # fmt: skip
     """Both systems on one event loop, side by side: the provider's limit, not the 2 cores,
     bounds this workload, so running them together exposes both to the same host load."""
     start = asyncio.Barrier(2)  # passed twice by each: after the baseline's set-up, after tangram's
     async with asyncio.TaskGroup() as group:
-        base = group.create_task(_run_semaphore(p, plans, services["semaphore"], seed, tick, start))
-        tangram = group.create_task(_run_tangram(p, plans, services["tangram"], tick, start))
+        base = group.create_task(_run_semaphore(p, plans, services["semaphore"], seed, tick, start, jm))
+        tangram = group.create_task(_run_tangram(p, plans, services["tangram"], tick, start, jm))
     return {"semaphore": base.result(), "tangram": tangram.result()}
 
 
@@ -312,6 +316,7 @@ def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run both systems on the same seeded stream; every search and judge call is awaited
     to its one outcome. Leaves no process or file behind."""
     p = live_params(opts)
+    jm = judge_model(opts.judge)
     plans = make_plans(p, opts.seed)
     per_system = sum(len(plan.searches) + 1 for plan in plans)
     progress.start(NAME, 2 * per_system)
@@ -322,11 +327,12 @@ def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
         settings = ServiceSettings(p.rate_per_s, p.burst, p.latency_s)
         progress.note(NAME, f"both systems at once, each on its own provider (limit {p.rate_per_s:g}/s): {len(plans)} trajectories")
         with SearchService(db, settings) as base_svc, SearchService(db, settings) as tangram_svc:
-            runs = asyncio.run(_both(p, plans, {"semaphore": base_svc, "tangram": tangram_svc}, opts.seed, lambda: progress.advance(NAME)))
+            services = {"semaphore": base_svc, "tangram": tangram_svc}
+            runs = asyncio.run(_both(p, plans, services, opts.seed, lambda: progress.advance(NAME), jm))
             stats = {"semaphore": base_svc.stats(), "tangram": tangram_svc.stats()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for system, (sys_run, _, _) in runs.items():
         sys_run.device_bytes = JUDGE_DEVICE_BYTES  # the judge's one device, in both systems
         sys_run.extra.update({"quota_violations": float(stats[system]["violations"]), "provider_accepted": float(stats[system]["accepted"])})
-    return WorkloadResult(NAME, [runs["tangram"][0], runs["semaphore"][0]], _summarise(runs, stats), _fit(p, runs["tangram"][1]))
+    return WorkloadResult(NAME, [runs["tangram"][0], runs["semaphore"][0]], _summarise(runs, stats), _fit(p, runs["tangram"][1], jm))

@@ -32,10 +32,14 @@ def _bounds(ed: StateEditor, qa: QueuedAction) -> tuple[int, int]:
 
 
 def _idle_replica(ed: StateEditor, service: str, lo: int, hi: int) -> Replica | None:
-    idle = [r for r in ed.replicas.values() if r.service == service and r.busy_action is None and lo <= r.size <= hi]
+    """A resident replica of ``service`` with room: idle, or (a generating service) running
+    fewer than ``max_batch`` actions, whose batch a new one joins at a decode step. Prefers
+    ready, then less busy, then wide, then recently used replicas."""
+    room = ed.spec.services[service].max_batch
+    idle = [r for r in ed.replicas.values() if r.service == service and len(r.busy_actions) < room and lo <= r.size <= hi]
     if not idle:
         return None
-    return max(idle, key=lambda r: (r.ready, r.size, r.last_used_s, r.replica_id))
+    return max(idle, key=lambda r: (r.ready, -len(r.busy_actions), r.size, r.last_used_s, r.replica_id))
 
 
 def _evictable_block(ed: StateEditor, size: int) -> tuple[str, int, list[Replica]] | None:
@@ -125,7 +129,7 @@ def _worth_stealing(ed: StateEditor, service: str, victims: list[Replica]) -> bo
 def _should_reshard(rep: Replica, share: int, lo: int, waiting: int) -> bool:
     """True if ``rep`` is wider than the fair share and the backlog would fill its devices
     with narrower replicas (so no device sits idle after the split)."""
-    return not rep.pinned and rep.ready and lo <= share < rep.size and waiting >= rep.size // share
+    return not rep.pinned and rep.ready and not rep.busy_actions and lo <= share < rep.size and waiting >= rep.size // share
 
 
 def _restore(

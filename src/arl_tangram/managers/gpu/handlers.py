@@ -1,4 +1,5 @@
-"""Shell: request handlers of model services: ``embed``, ``score``, ``logprobs`` and ``classify``.
+"""Shell: request handlers of model services: ``embed``, ``score``, ``logprobs``, ``classify``
+and ``generate`` (``generate.py``: decoding, batched continuously by ``decoding.py``).
 
 A handler validates one request (``parse``: raises ``InvalidRequestError`` naming the field
 and the rule; runs before anything is queued) and runs a batch of parsed requests through a
@@ -223,6 +224,10 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+# Defined after ``Handler``: the generate handler's module imports it from here.
+from arl_tangram.managers.gpu.generate_handler import GenerateHandler  # noqa: E402
+
 HANDLERS: dict[str, Handler] = {
-    h.kind: h for h in (EmbedHandler(), ScoreHandler(), LogprobsHandler(), ClassifyHandler())
+    h.kind: h
+    for h in (EmbedHandler(), ScoreHandler(), LogprobsHandler(), ClassifyHandler(), GenerateHandler())
 }

@@ -8,7 +8,9 @@ performance. It obeys:
 - ``load(replica_id, service, devices)``: a device copy split by module over exactly
   ``devices``; slides idle replicas down (compaction) when the free bytes are fragmented.
 - ``evict(replica_id)``: drain that replica's runs, release exactly its memory.
-- ``run(replica_id, request)`` / ``run_async``: a batched forward pass on that replica.
+- ``run(replica_id, request)`` / ``run_async``: a batched forward pass on that replica;
+  ``generate`` services decode in that replica's continuous batch (``decoding.py``), their
+  KV cache reserved beside the weights (``kv.py``).
 
 Concurrency: one condition variable (``_lock``) guards the registry, the replica table and
 the extent accounting, and is held only for bookkeeping. Copies (swap-in, relocation), file
@@ -35,6 +37,7 @@ import torch
 from arl_tangram.managers.gpu import models
 from arl_tangram.managers.gpu.arena import DeviceArena
 from arl_tangram.managers.gpu.batching import ThreadBatcher
+from arl_tangram.managers.gpu.decoding import EventSink
 from arl_tangram.managers.gpu.devices import DeviceSpec, discover_devices
 from arl_tangram.managers.gpu.errors import (
     CallCancelledError,
@@ -48,7 +51,9 @@ from arl_tangram.managers.gpu.errors import (
     UnknownServiceError,
 )
 from arl_tangram.managers.gpu.execution import run_items
+from arl_tangram.managers.gpu.generation import ReplicaDecoders
 from arl_tangram.managers.gpu.handlers import HANDLERS
+from arl_tangram.managers.gpu.kv import KvCacheConfig, size_kv_cache
 from arl_tangram.managers.gpu.relocation import Relocator
 from arl_tangram.managers.gpu.replica import Replica, ReplicaState, prune_tombstones
 from arl_tangram.managers.gpu.routing import device_context
@@ -107,6 +112,7 @@ class GpuManager:
         self._services: dict[str, ModelService] = {}
         self._replicas: collections.OrderedDict[str, Replica] = collections.OrderedDict()
         self._batcher = ThreadBatcher(self.config.batch_window_s, self.config.max_batch_size)
+        self._decoders = ReplicaDecoders(self._closed, self.config.wait_timeout_s)
         self._pool = ThreadPoolExecutor(
             self.config.num_async_threads, thread_name_prefix="arl-tangram-gpu"
         )
@@ -174,17 +180,21 @@ class GpuManager:
                 self._lock.notify_all()
 
     # -- registration --------------------------------------------------------------------
-    def register_module(self, name: str, factory: Factory, handler: str) -> ServiceInfo:
+    def register_module(
+        self, name: str, factory: Factory, handler: str, kv: KvCacheConfig | None = None
+    ) -> ServiceInfo:
         """Register a service built by ``factory`` (an ``nn.Module`` or a ``LoadedModel``).
 
         The factory runs once, now, in the caller's thread, outside every lock. A factory that
         raises leaves the service registered as ``failed`` with its error; a service that no
         device of the node could hold even split over all of them raises ``NeverFitsError``
-        and is not registered.
+        and is not registered. ``kv`` sizes a ``generate`` service's KV cache (``kv.py``).
         """
-        return self._register(name, lambda: as_loaded(factory()), handler)
+        return self._register(name, lambda: as_loaded(factory()), handler, kv)
 
-    def register_folder(self, name: str, path: str | Path, handler: str) -> ServiceInfo:
+    def register_folder(
+        self, name: str, path: str | Path, handler: str, kv: KvCacheConfig | None = None
+    ) -> ServiceInfo:
         """Register a local model folder (safetensors + config.json, optional tokenizer)."""
         folder = Path(path)
         hint = models.folder_weight_bytes(folder) if folder.is_dir() else 0
@@ -193,9 +203,11 @@ class GpuManager:
                 f"service {name!r}: {folder} holds {hint} bytes of weights; all devices together "
                 f"hold {sum(self.device_capacity_bytes())} bytes"
             )
-        return self._register(name, lambda: models.load_folder(folder, handler), handler)
+        return self._register(name, lambda: models.load_folder(folder, handler), handler, kv)
 
-    def _register(self, name: str, loader: Callable[[], LoadedModel], handler: str) -> ServiceInfo:
+    def _register(
+        self, name: str, loader: Callable[[], LoadedModel], handler: str, kv: KvCacheConfig | None
+    ) -> ServiceInfo:
         if not isinstance(name, str) or not name:
             raise InvalidRequestError("name", "must be a non-empty string")
         if handler not in HANDLERS:
@@ -213,6 +225,14 @@ class GpuManager:
             service.error = f"{type(exc).__name__}: {exc}"
             service.model = None
             return service.info()
+        if handler == "generate":
+            try:
+                size_kv_cache(service, kv or KvCacheConfig())
+            except InvalidRequestError:  # not a causal LM: refused, not registered
+                with self._lock:
+                    del self._services[name]
+                service.release_host()
+                raise
         footprint = self.footprint_bytes(name, len(self._arenas))
         if footprint > max(self.device_capacity_bytes()):
             with self._lock:
@@ -243,14 +263,16 @@ class GpuManager:
 
     def footprint_bytes(self, service: str, num_devices: int) -> int:
         """Arena bytes one replica of ``service`` split over ``num_devices`` takes on its most
-        loaded device (exactly what ``load`` reserves there, granule included)."""
+        loaded device (exactly what ``load`` reserves there, granule included; a generating
+        replica's KV reservation sits on its home device, the first)."""
         if not isinstance(num_devices, int) or num_devices < 1:
             raise InvalidRequestError(
                 "num_devices", f"must be a positive integer, got {num_devices!r}"
             )
         shards = self._service(service).shards(num_devices)
         granule = self._arenas[0].extents
-        return max(granule.size_for(shard.nbytes) for shard in shards)
+        kv = self._service(service).kv_cache_bytes
+        return max(granule.size_for(shard.nbytes + (kv if i == 0 else 0)) for i, shard in enumerate(shards))
 
     def replica_state(self, replica_id: str) -> str:
         return self._replica(replica_id).state.value
@@ -299,8 +321,9 @@ class GpuManager:
             try:
                 deadline = time.monotonic() + self.config.wait_timeout_s
                 for i, shard in enumerate(shards):
+                    kv = model.kv_cache_bytes if i == 0 else 0  # the KV cache: home device
                     replica.extents[i] = self._relocator.reserve(
-                        replica, replica.devices[i], shard.nbytes, deadline
+                        replica, replica.devices[i], shard.nbytes + kv, deadline
                     )
                 started = time.perf_counter()
                 replica.materialise(self._arenas)  # the heavy copy: no manager lock held
@@ -371,22 +394,35 @@ class GpuManager:
             return self._relocator.compact(device, time.monotonic() + self.config.wait_timeout_s)
 
     # -- runs ----------------------------------------------------------------------------
-    def run(self, replica_id: str, request: Any) -> dict[str, Any]:
+    def run(
+        self, replica_id: str, request: Any, on_event: EventSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Run one request on the replica (blocking, thread-safe); batched with concurrent
-        runs of the same replica. Malformed requests raise ``InvalidRequestError``."""
+        runs of the same replica. Malformed requests raise ``InvalidRequestError``.
+
+        ``generate`` only: ``on_event`` receives each token's event as it is decoded (on the
+        decoding thread: keep it cheap), and ``cancel`` ends the request at the next step
+        boundary (``finish_reason`` "cancelled"; its KV rows are freed).
+        """
         with self._op():
             replica = self._replica(replica_id)
             service = replica.service
             assert service.model is not None
             parsed = HANDLERS[service.handler].parse(request, service.model, service.name)
+            if service.handler == "generate":
+                return self._decoders.run(replica, parsed, on_event, cancel)
             result: dict[str, Any] = self._batcher.submit(
                 replica, parsed, lambda items: self._execute(replica, items)
             )
             return result
 
-    async def run_async(self, replica_id: str, request: Any) -> dict[str, Any]:
+    async def run_async(
+        self, replica_id: str, request: Any, on_event: EventSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """``run`` on a worker thread: the event loop never parses, waits or computes."""
-        return await self._in_pool(self.run, replica_id, request)
+        return await self._in_pool(self.run, replica_id, request, on_event, cancel)
 
     async def load_async(self, replica_id: str, service: str, devices: Sequence[int]) -> float:
         return await self._in_pool(self.load, replica_id, service, devices)
@@ -417,6 +453,10 @@ class GpuManager:
             )
             return [cancelled] * len(items)
         return results
+
+    def generation_status(self, replica_id: str) -> dict[str, int]:
+        """The replica's decode batch (``generation.ReplicaDecoders.status``)."""
+        return self._decoders.status(self._replica(replica_id))
 
     # -- observation ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

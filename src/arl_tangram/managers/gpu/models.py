@@ -72,14 +72,15 @@ def load_folder(path: str | Path, kind: str) -> LoadedModel:
     """Build the module of a local model folder (safetensors + config.json) on the host;
     a folder without safetensors weights fails (pickled weights are never loaded).
 
-    ``logprobs`` services load a causal LM head, ``classify`` a sequence-classification
+    ``logprobs`` and ``generate`` services load a causal LM head, ``classify`` a sequence-classification
     head, ``embed``/``score`` the bare encoder.
     """
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} has no config.json")
     tf = _transformers()
-    auto = {"logprobs": tf.AutoModelForCausalLM, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
+    causal = tf.AutoModelForCausalLM
+    auto = {"logprobs": causal, "generate": causal, "classify": tf.AutoModelForSequenceClassification}.get(kind, tf.AutoModel)
     # safetensors only: a folder's pickled weights (pytorch_model.bin) are never unpickled
     module = auto.from_pretrained(str(folder), local_files_only=True, dtype="auto", use_safetensors=True)
     tokenizer = None

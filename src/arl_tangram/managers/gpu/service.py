@@ -59,11 +59,13 @@ class ServiceInfo:
     """What the core needs to know of a service (``GpuManager.service_info``)."""
 
     name: str
-    handler: str  # the request handler: "embed", "score", "logprobs" or "classify"
+    handler: str  # the request handler: "embed", "score", "logprobs", "classify" or "generate"
     weight_bytes: int  # raw bytes of its distinct tensors
     host_bytes: int  # bytes of its host copy (aligned layout)
     state: str  # "ready" or "failed"
     error: str | None
+    kv_cache_bytes: int = 0  # generate: KV reservation of one replica (``kv.py``), else 0
+    max_batch: int = 1  # generate: sequences one replica decodes together
 
 
 def collect_tensors(
@@ -119,6 +121,9 @@ class ModelService:
         self.handler = handler
         self.error: str | None = None
         self.model: LoadedModel | None = None
+        self.kv_cache_bytes = 0  # set by the manager for ``generate`` services (``kv.py``)
+        self.kv_bytes_per_token = 0
+        self.max_batch = 1
         self.refs: list[TensorRef] = []
         self.units: list[Unit] = []
         self.host_layout = plan_host_layout([])
@@ -140,6 +145,8 @@ class ModelService:
             self.host_layout.total_bytes,
             "failed" if self.error else "ready",
             self.error,
+            self.kv_cache_bytes,
+            self.max_batch,
         )
 
     def adopt(self, model: LoadedModel, pin: bool, align_bytes: int = DEFAULT_ALIGN_BYTES) -> None:
