@@ -271,8 +271,8 @@ class ServiceCreate(_Strict):
     module: str | None = Field(None, pattern=r"^[\w.]+:\w+$", max_length=512)
     devices_min: Literal[1, 2, 4, 8] = 1
     devices_max: Literal[1, 2, 4, 8] = 1
-    max_batch: int | None = Field(None, ge=1, le=1024)  # generate: sequences decoded together
-    max_context_tokens: int | None = Field(None, ge=2)  # generate: prompt + new tokens
+    max_batch: Annotated[int, Field(ge=1, le=1024), BeforeValidator(_integral)] | None = None  # generate: sequences decoded together
+    max_context_tokens: Annotated[int, Field(ge=2), BeforeValidator(_integral)] | None = None  # generate: prompt + new tokens
 
 
 class ServiceView(BaseModel):
