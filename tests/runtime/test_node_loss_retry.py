@@ -55,7 +55,7 @@ class GatedGpu:
 
     def evict(self, replica_id: str) -> None: ...
 
-    def run(self, replica_id: str, request: Any) -> Any:
+    def run(self, replica_id: str, request: Any, on_event: Any = None, cancel: Any = None) -> Any:
         self.running += 1
         while not self.gate.wait(0.01):
             if self.lost.is_set() and not self.answer_late:
