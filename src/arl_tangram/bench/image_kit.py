@@ -150,23 +150,26 @@ class Layout:
         return blobs
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 class LoopbackRegistry:
-    """A ``docker-registry`` on 127.0.0.1 with its storage and access log under ``work``;
-    ``stop()`` ends it (by its PID)."""
+    """A ``docker-registry`` on 127.0.0.1 with its storage and access log under ``work``
+    (the bench's and the tests' one registry); ``htpasswd=(user, password)`` turns on basic
+    auth. ``stop()`` ends it (by its PID)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, htpasswd: tuple[str, str] | None = None) -> None:
         work.mkdir(parents=True, exist_ok=True)
-        self.host = f"127.0.0.1:{_free_port()}"
+        self.host = f"127.0.0.1:{free_port()}"
         self.log_path = work / "registry.log"
+        self.auth = htpasswd
         (work / "config.yml").write_text(
             f"version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {work / 'data'}\nhttp:\n  addr: {self.host}\n")
+            f"storage:\n  filesystem:\n    rootdirectory: {work / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n{_auth_config(work, htpasswd)}")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(["docker-registry", "serve", str(work / "config.yml")], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -182,8 +185,10 @@ class LoopbackRegistry:
 
     def push(self, layout: Path, tag: str, name: str = "bench/swe") -> str:
         ref = f"{self.host}/{name}:{tag}"
-        cmd = ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:{tag}", f"docker://{ref}"]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        cmd = ["skopeo", "copy", "--quiet", "--dest-tls-verify=false"]
+        if self.auth:
+            cmd.append(f"--dest-creds={self.auth[0]}:{self.auth[1]}")
+        subprocess.run([*cmd, f"oci:{layout}:{tag}", f"docker://{ref}"], check=True, capture_output=True, timeout=600)
         return ref
 
     def blob_gets(self) -> Counter[str]:
@@ -199,3 +204,14 @@ class LoopbackRegistry:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+
+
+def _auth_config(work: Path, htpasswd: tuple[str, str] | None) -> str:
+    """The registry's ``auth`` block for basic auth over an htpasswd file (bcrypt), or none."""
+    if htpasswd is None:
+        return ""
+    import crypt  # deprecated in 3.11 but present; only tests with basic auth need it
+
+    user, password = htpasswd
+    (work / "htpasswd").write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    return f"auth:\n  htpasswd:\n    realm: test\n    path: {work / 'htpasswd'}\n"
