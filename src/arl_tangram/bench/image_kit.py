@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,30 @@ def _tar(tree: Path, dest: Path) -> Path:
     return dest
 
 
+def copy_host_root(root: Path, bins: Sequence[str]) -> None:
+    """A merged-/usr root at ``root`` (which must not exist) from the host's files: ``bins``
+    with the libraries ``ldd`` names, python3's stdlib less tests and tools, the usual links,
+    and empty /etc, /root, /tmp (the bench's quick base and the tests' image trees)."""
+    (root / "usr/bin").mkdir(parents=True)
+    libs: set[str] = set()
+    for name in bins:
+        src = "/usr/bin/python3" if name == "python3" else shutil.which(name)
+        assert src is not None, name
+        shutil.copy2(os.path.realpath(src), root / "usr/bin" / name)
+        out = subprocess.run(["ldd", src], capture_output=True, text=True, check=False).stdout
+        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/")}
+    for lib in sorted(libs):
+        dst = root / ("usr" + lib if not lib.startswith("/usr/") else lib.lstrip("/"))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(lib), dst)
+    shutil.copytree("/usr/lib/python3.11", root / "usr/lib/python3.11", symlinks=True,
+                    ignore=lambda d, names: [n for n in names if n in _PY_SKIP or n.startswith("config-")])  # fmt: skip
+    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/bin")):
+        os.symlink(target, root / link)
+    for d in ("etc", "root", "tmp"):
+        (root / d).mkdir()
+
+
 def debian_base_tar() -> Path:
     """The cached mmdebstrap root (built on first use: minutes, and Debian's mirror)."""
     if DEBIAN_BASE.exists():
@@ -67,24 +92,7 @@ def debian_base_tar() -> Path:
 def host_base_tar(work: Path) -> Path:
     """A small root from the host's files: a shell, a few tools, python3 with a trimmed stdlib."""
     root = work / "host-base"
-    (root / "usr/bin").mkdir(parents=True)
-    libs: set[str] = set()
-    for name in HOST_BINS:
-        src = "/usr/bin/python3" if name == "python3" else shutil.which(name)
-        assert src is not None, name
-        shutil.copy2(os.path.realpath(src), root / "usr/bin" / name)
-        out = subprocess.run(["ldd", src], capture_output=True, text=True, check=False).stdout
-        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/")}
-    for lib in sorted(libs):
-        dst = root / ("usr" + lib if not lib.startswith("/usr/") else lib.lstrip("/"))
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(os.path.realpath(lib), dst)
-    shutil.copytree("/usr/lib/python3.11", root / "usr/lib/python3.11", symlinks=True,
-                    ignore=lambda d, names: [n for n in names if n in _PY_SKIP or n.startswith("config-")])  # fmt: skip
-    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
-        os.symlink(target, root / link)
-    for d in ("etc", "root", "tmp"):
-        (root / d).mkdir()
+    copy_host_root(root, HOST_BINS)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     (root / "etc/group").write_text("root:x:0:\n")
     return _tar(root, work / "host-base.tar")
