@@ -60,7 +60,7 @@ async def _main(host: str, port: int, config_path: str | None, log_level: str, b
 
     try:
         app = create_app(runtime)
-        mount_compat(app)  # SandboxFusion, OpenAI-compatible and SWE-ReX faces beside /v1
+        mount_compat(app, config=runtime.config)  # SandboxFusion, OpenAI-compatible, SWE-ReX and E2B faces beside /v1
         tokens = "a token is required" if tokens_from_config(config) else "no tokens: every call is tenant 'default'"
         await serve(
             app, host, port, log_level=log_level, on_listening=lambda url: _announce(url, tokens),

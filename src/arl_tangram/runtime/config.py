@@ -61,6 +61,9 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     max_concurrent_pulls = 4
     registries = [{ host = "127.0.0.1:5000", insecure = true }]   # username, password_env for basic auth
 
+    [e2b]                             # the E2B-compatible face (runtime/config_e2b.py); omit: its defaults
+    templates = { base = "host", python = "127.0.0.1:5000/library/python:3.12" }
+
     [tenants.team-a]
     token_env = "TEAM_A_TOKEN"        # or token = "..."; unique across tenants; omit: reachable without a token only
     weight = 2.0                      # its weighted fair share of a contended pool (> 0)
@@ -84,6 +87,7 @@ from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.topology import QuotaPoolSpec
 from arl_tangram.managers.api.config import ProviderConfig
+from arl_tangram.runtime.config_e2b import E2bConfig, read_e2b
 from arl_tangram.runtime.config_images import ImagesConfig, read_images
 from arl_tangram.runtime.config_reader import (
     NAME,
@@ -168,6 +172,7 @@ class TangramConfig:
     service: ServiceSettings = field(default_factory=ServiceSettings)
     tenants: Mapping[str, TenantConfig] = field(default_factory=lambda: MappingProxyType({}))
     images: ImagesConfig | None = None  # None: no image store, only the host root runs
+    e2b: E2bConfig = field(default_factory=E2bConfig)  # the E2B-compatible face (runtime/config_e2b.py)
     source: str | None = None  # the file it came from; None: embedded defaults
 
 
@@ -200,6 +205,7 @@ def parse_config(
         service=read_service_settings(root.table("service"), os.environ if environ is None else environ),
         tenants=read_tenants(root.table("tenants"), os.environ if environ is None else environ),
         images=read_images(root.table("images")),
+        e2b=read_e2b(root.table("e2b")),
         source=source,
     )
     root.done()

@@ -1,4 +1,4 @@
-"""Shell: the ecosystem faces (SandboxFusion, OpenAI/vLLM, SWE-ReX) mounted on the native app.
+"""Shell: the ecosystem faces (SandboxFusion, OpenAI/vLLM, SWE-ReX, E2B) mounted on the native app.
 
 ``mount_compat(app)`` adds their routers to an app made by ``create_app`` and chains their
 state onto its lifespan: created after the runtime starts, closed (warm sandboxes
@@ -9,6 +9,7 @@ before the server starts. Wire formats: ../shared/PROTOCOLS.md.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,17 +18,19 @@ from fastapi import FastAPI
 from arl_tangram.api.compat import chat, openai_face, sandboxfusion, swerex
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.tenancy import CompatSettings, CompatState
-from arl_tangram.runtime.config import ConfigError
+from arl_tangram.runtime.config import ConfigError, TangramConfig
 
 
 def mount_compat(
     app: FastAPI, *, max_envs: int = 16, max_idle: int = 8, acquire_timeout_s: float = 60.0,
-    default_mem_bytes: int = 1 << 30,
+    default_mem_bytes: int = 1 << 30, config: TangramConfig | None = None,
 ) -> None:  # fmt: skip
     """Serve the faces on ``app``. ``max_envs`` bounds the live code sandboxes of one
     (tenant, memory size), ``max_idle`` the warm ones kept; a code run waits at most
     ``acquire_timeout_s`` for one (then 504); ``default_mem_bytes`` sizes a run's sandbox
-    when the request sets no ``memory_limit_MB``."""
+    when the request sets no ``memory_limit_MB``. The E2B face (when the ``e2b`` package is
+    installed) is served under ``config.e2b.prefix`` (``config``: the one the app's runtime
+    runs; its ``[e2b]`` table is read again at start, and must name the same prefix)."""
     if getattr(app.state, "compat_mounted", False):
         raise ConfigError("app", "must not have the compat faces mounted twice", app.title)
     for name, value in (("max_envs", max_envs), ("max_idle", max_idle)):
@@ -35,6 +38,7 @@ def mount_compat(
             raise ConfigError(name, "must be an integer >= 1", value)
     settings = CompatSettings(max_envs, max_idle, float(acquire_timeout_s), int(default_mem_bytes))
     app.state.compat_mounted = True
+    e2b_prefix = (config or TangramConfig()).e2b.prefix if _e2b_installed() else None
     original = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -44,9 +48,18 @@ def mount_compat(
             pool = CodeEnvPool(api, max_envs=settings.max_envs, max_idle=settings.max_idle, acquire_timeout_s=settings.acquire_timeout_s)
             compat = CompatState(api, settings, pool)
             a.state.compat = compat
+            e2b = None
+            if e2b_prefix is not None:
+                from arl_tangram.api.compat.e2b import start_e2b
+
+                if api.runtime.config.e2b.prefix != e2b_prefix:
+                    raise ConfigError("e2b.prefix", "must be the one mount_compat was given", api.runtime.config.e2b.prefix)
+                e2b = start_e2b(a, api, api.runtime.config.e2b)
             try:
                 yield inner
             finally:
+                if e2b is not None:
+                    await e2b.aclose()
                 await compat.aclose()
 
     app.router.lifespan_context = lifespan
@@ -54,6 +67,15 @@ def mount_compat(
     app.include_router(openai_face.router)
     app.include_router(chat.router)
     app.include_router(swerex.router)
+    if e2b_prefix is not None:
+        from arl_tangram.api.compat.e2b import include_e2b
+
+        include_e2b(app, e2b_prefix)
+
+
+def _e2b_installed() -> bool:
+    """The E2B face speaks with the ``e2b`` package's own message classes (an optional extra)."""
+    return importlib.util.find_spec("e2b") is not None
 
 
 __all__ = ["mount_compat"]
