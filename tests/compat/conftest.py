@@ -31,7 +31,7 @@ def serve_compat(config: TangramConfig | None = None, *, tokens: dict[str, str] 
     runtime is closed and nothing it started may remain."""
     before = _snapshot()
     app = create_app(config, tokens=tokens)
-    mount_compat(app, **compat)
+    mount_compat(app, config=config, **compat)
     with ServerThread(app) as server:
         yield server
     assert_nothing_left_since(before, "the server")

@@ -4,7 +4,9 @@ The faces keep their own authentication (and their own 401 shapes); this only le
 refuse a body that could never be accepted before reading it. The rules mirror the faces':
 no tokens configured: every caller passes; else SWE-ReX calls carry ``X-API-Key``,
 SandboxFusion calls the token in the path (``/t/<token>/...``; without it they cannot pass),
-every other route ``Authorization: Bearer <token>``. Tokens compare in constant time.
+the E2B face (``X-API-Key``, or a sandbox's ``X-Access-Token``) is left to the face, which
+checks them before it reads a body and answers in E2B's own 401 shape; every
+other route ``Authorization: Bearer <token>``. Tokens compare in constant time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def has_credential(api: Any, path: str, headers: Mapping[str, str]) -> bool:
     tokens: Mapping[str, str] = api.tokens
     if not tokens:
         return True
+    e2b_prefix = getattr(api, "e2b_prefix", None)
+    if e2b_prefix and (path == e2b_prefix or path.startswith(e2b_prefix + "/")):
+        return True  # the face checks its key / the sandbox's token before any body, in E2B's 401 shape
     given = presented_token(path, headers).encode()
     found = False
     for token in tokens:  # every token compared: the time says nothing

@@ -124,6 +124,7 @@ class ApiState:
         self.metrics: ApiMetrics = ApiMetrics()
         self.create_timeout_s = DEFAULT_CREATE_TIMEOUT_S
         self.body_limits = BodyLimits()  # read by the edge on every request
+        self.e2b_prefix: str | None = None  # where the E2B face is served (its credentials differ)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

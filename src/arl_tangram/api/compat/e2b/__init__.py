@@ -33,6 +33,7 @@ def start_e2b(app: FastAPI, api: ApiState, config: E2bConfig) -> E2bState:
     state = E2bState(api, config)
     state.start()
     app.state.e2b = state
+    api.e2b_prefix = config.prefix
     return state
 
 
