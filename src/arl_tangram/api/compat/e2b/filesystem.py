@@ -1,6 +1,6 @@
 """Shell: envd's ``filesystem.Filesystem`` service: ``Stat``, ``ListDir``, ``MakeDir``,
-``Move``, ``Remove``, each one small single-core action in the sandbox (GNU ``find``,
-``mkdir``, ``mv``, ``rm`` of the sandbox's own root, so an image's symlinks resolve inside
+``Move``, ``Remove``, each one small single-core action in the sandbox (bash with GNU
+``stat``, ``readlink``, ``mkdir``, ``mv``, ``rm`` of the sandbox's own root, so an image's symlinks resolve inside
 it and its user's rights apply). A relative path is relative to the sandbox's working
 directory (the image's ``WorkingDir``, else /workspace). Outcomes the SDK reads:
 ``not_found`` (``exists`` -> False, ``NotFoundException``), ``already_exists``
@@ -10,6 +10,7 @@ and the watcher calls) is not served: ``unimplemented``.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -25,27 +26,36 @@ from e2b.envd.filesystem import filesystem_pb as pb  # isort: skip  # the messag
 
 router = APIRouter(tags=["e2b-envd"], include_in_schema=False)
 FS_TIMEOUT_S = 30.0
-FIELDS = 10  # of one entry in FORMAT
-#: find's record of one entry, NUL-separated (a name may hold tabs or newlines): type
-#: followed, own type, size, mode, permissions, owner, group, mtime, target, path
-FORMAT = r"%Y\0%y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0"
+FIELDS = 10  # of one entry's record
+#: one entry's record, NUL-separated (a name may hold tabs or newlines): type followed, own
+#: type (l: a link), size, octal mode, permissions, owner, group, mtime, link target, path;
+#: bash and GNU stat only (coreutils: in every image that can run E2B's bash commands)
+ONE = (
+    'one() { local own=f t=""; if [ -L "$1" ]; then own=l; t=$(readlink -- "$1"); fi; '
+    'stat -L --printf "%F\\0" -- "$1" 2>/dev/null || printf "symbolic link\\0"; printf "%s\\0" "$own"; '
+    'stat -L --printf "%s\\0%a\\0%A\\0%U\\0%G\\0%Y\\0" -- "$1" 2>/dev/null '
+    '|| stat --printf "%s\\0%a\\0%A\\0%U\\0%G\\0%Y\\0" -- "$1"; printf "%s\\0%s\\0" "$t" "$1"; }; '
+    'walk() { local e; for e in "$1"/*; do one "$e"; '
+    'if [ "$2" -gt 1 ] && [ -d "$e" ] && [ ! -L "$e" ]; then walk "$e" $(($2 - 1)); fi; done; }; '
+    'shopt -s nullglob dotglob; '
+)
 ABSOLUTE = 'p=$1; case $p in /*) ;; *) p=$PWD/$p ;; esac; '
 #: exit 2: no such path; 3: not a directory; 4: already exists
 SCRIPTS = {
-    "stat": ABSOLUTE + '[ -e "$p" ] || [ -L "$p" ] || exit 2; find "$p" -maxdepth 0 -printf "$2"',
-    "list": ABSOLUTE + '[ -e "$p" ] || exit 2; [ -d "$p" ] || exit 3; find "$p" -mindepth 1 -maxdepth "$3" -printf "$2"',
-    "mkdir": ABSOLUTE + '[ -e "$p" ] && exit 4; mkdir -p -- "$p" && find "$p" -maxdepth 0 -printf "$2"',
-    "move": ABSOLUTE + 'q=$3; case $q in /*) ;; *) q=$PWD/$q ;; esac; [ -e "$p" ] || [ -L "$p" ] || exit 2; '
-    'mv -f -- "$p" "$q" && find "$q" -maxdepth 0 -printf "$2"',
-    "remove": ABSOLUTE + '[ -e "$p" ] || [ -L "$p" ] || exit 2; rm -rf -- "$p"',
+    "stat": ONE + ABSOLUTE + '[ -e "$p" ] || [ -L "$p" ] || exit 2; one "$p"',
+    "list": ONE + ABSOLUTE + '[ -e "$p" ] || exit 2; [ -d "$p" ] || exit 3; walk "$p" "$2"',
+    "mkdir": ONE + ABSOLUTE + '[ -e "$p" ] && exit 4; mkdir -p -- "$p" && one "$p"',
+    "move": ONE + ABSOLUTE + 'q=$2; case $q in /*) ;; *) q=$PWD/$q ;; esac; [ -e "$p" ] || [ -L "$p" ] || exit 2; '
+    'mv -f -- "$p" "$q" && one "$q"',
+    "remove": ONE + ABSOLUTE + '[ -e "$p" ] || [ -L "$p" ] || exit 2; rm -rf -- "$p"',
 }
-TYPES = {"f": pb.FileType.FILE, "d": pb.FileType.DIRECTORY, "l": pb.FileType.SYMLINK}
+TYPES = {"regular file": pb.FileType.FILE, "regular empty file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symbolic link": pb.FileType.SYMLINK}
 
 
 async def _run(e2b: E2bState, sb: E2bSandbox, op: str, path: str, extra: str = "") -> str:
     if not path:
         raise ConnectError("invalid_argument", "path: must be a non-empty path")
-    argv = ("bash", "-c", SCRIPTS[op], "e2b-fs", path, FORMAT, extra)
+    argv = ("bash", "-c", SCRIPTS[op], "e2b-fs", path, extra)
     result = await run_env_action(e2b.api, sb.tenant, sb.internal, "e2b:fs", ExecPayload(argv, None, (), None, FS_TIMEOUT_S))
     if result.outcome == "succeeded":
         return result.stdout
@@ -66,12 +76,12 @@ def entries(out: str) -> list[Any]:
     found = []
     for i in range(0, len(parts) - FIELDS + 1, FIELDS):
         kind, own, size, mode, perms, owner, group, mtime, target, path = parts[i : i + FIELDS]
-        seconds = float(mtime or 0)
+        path = posixpath.normpath(path)
         found.append(
             pb.EntryInfo(
-                name=path.rstrip("/").rsplit("/", 1)[-1] or "/", type=TYPES.get(kind, pb.FileType.UNSPECIFIED), path=path,
+                name=posixpath.basename(path) or "/", type=TYPES.get(kind, pb.FileType.UNSPECIFIED), path=path,
                 size=int(size or 0), mode=int(mode or "0", 8), permissions=perms, owner=owner, group=group,
-                modified_time=Timestamp(seconds=int(seconds), nanos=int(seconds % 1 * 1e9)),
+                modified_time=Timestamp(seconds=int(mtime or 0)),
                 symlink_target=target if own == "l" else None, is_symlink=own == "l",
             )
         )  # fmt: skip
