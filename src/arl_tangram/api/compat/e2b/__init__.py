@@ -7,7 +7,7 @@ Files: ``control`` (sandboxes: create, list, get, kill, timeout, pause/resume/co
 ``sandboxes`` (the face's state: sandbox -> env, TTL, processes), ``envd`` (routing by
 ``E2b-Sandbox-Id`` / host, ``X-Access-Token``), ``connect`` (the Connect protocol's
 framing and codecs), ``process`` and ``filesystem`` (envd's RPC services), ``files``
-(envd's REST ``/health`` and ``/files``). Wire facts: ../shared/PROTOCOLS.md (E2B).
+(envd's REST ``/health`` and ``/files``), ``fork`` (fork and snapshots). Wire facts: ../shared/PROTOCOLS.md (E2B).
 Needs the ``e2b`` package (its protobuf message classes); ``mount_compat`` skips the face
 when it is not installed.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from arl_tangram.api.compat.e2b import control, files, filesystem, process
+from arl_tangram.api.compat.e2b import control, files, filesystem, fork, process
 from arl_tangram.api.compat.e2b.sandboxes import E2bState
 from arl_tangram.api.state import ApiState
 from arl_tangram.runtime.config_e2b import E2bConfig
@@ -24,7 +24,7 @@ from arl_tangram.runtime.config_e2b import E2bConfig
 
 def include_e2b(app: FastAPI, prefix: str) -> None:
     """Add the face's routes under ``prefix`` (before the server starts)."""
-    for router in (control.router, process.router, filesystem.router, files.router):
+    for router in (control.router, fork.router, process.router, filesystem.router, files.router):
         app.include_router(router, prefix=prefix)
 
 

@@ -69,7 +69,7 @@ def sandbox_of(request: Request, sandbox_id: str) -> tuple[E2bState, E2bSandbox]
     return e2b, sb
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def read_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw:
         return {}
@@ -89,7 +89,7 @@ def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
-def _timeout(body: dict[str, Any], e2b: E2bState, default: int | None) -> int | None:
+def check_timeout(body: dict[str, Any], e2b: E2bState, default: int | None) -> int | None:
     value = body.get("timeout", default)
     if value is None:
         return None
@@ -113,6 +113,11 @@ def resolve_template(e2b: E2bState, template_id: Any, metadata: dict[str, str]) 
     raise E2bError(400, f"templateID: must be a template alias ({aliases}) or an image reference (got {template_id!r})")
 
 
+def new_sandbox_id() -> str:
+    """E2B's id shape: a letter and 20 lowercase hex digits, uuid4-based (not guessable)."""
+    return "i" + new_id("").replace("-", "")[:20]
+
+
 def sandbox_view(e2b: E2bState, sb: E2bSandbox, *, detail: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "templateID": sb.template_id, "sandboxID": sb.sandbox_id, "clientID": CLIENT_ID,
@@ -134,14 +139,19 @@ def _iso(wall_s: float) -> str:
 
 async def _create(request: Request) -> Response:
     e2b, tenant = e2b_state(request), tenant_of_key(request)
-    body = await _body(request)
+    body = await read_body(request)
     metadata, env_vars = _str_map(body, "metadata"), _str_map(body, "envVars")
-    timeout_s = _timeout(body, e2b, DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+    timeout_s = check_timeout(body, e2b, DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+    snapshot = e2b.snapshots.get(str(body.get("templateID")))
+    if snapshot is not None and snapshot.tenant == tenant:  # a snapshot is a template (fork.py)
+        from arl_tangram.api.compat.e2b.fork import create_from_snapshot
+
+        return await create_from_snapshot(e2b, tenant, snapshot, body, timeout_s)
     image = resolve_template(e2b, body.get("templateID"), metadata)
     try:
         cpu = parse_cpu(metadata["cpu"], "metadata.cpu") if "cpu" in metadata else e2b.config.cpu
         mem_bytes = parse_size_bytes(metadata["memory"], "metadata.memory") if "memory" in metadata else e2b.config.mem_bytes
-        sandbox_id = "i" + new_id("").replace("-", "")[:20]
+        sandbox_id = new_sandbox_id()
         internal = e2b.api.scoped(tenant, sandbox_id)
         spec = EnvSpec(internal, mem_bytes, tenant, metadata.get("trajectory_id", ""), image=image)
     except SpecError as exc:
@@ -174,7 +184,7 @@ async def _list(request: Request) -> Response:
     return JSONResponse(out)
 
 
-def _wrap(handler: Any) -> Any:
+def e2b_route(handler: Any) -> Any:
     """The handler with E2B's error shape for every failure it names."""
 
     @functools.wraps(handler)
@@ -203,7 +213,7 @@ async def _delete(request: Request, sandbox_id: str) -> Response:
 
 async def _set_timeout(request: Request, sandbox_id: str) -> Response:
     e2b, sb = sandbox_of(request, sandbox_id)
-    timeout_s = _timeout(await _body(request), e2b, None)
+    timeout_s = check_timeout(await read_body(request), e2b, None)
     if timeout_s is None:
         raise E2bError(400, "timeout: is required")
     if sb.paused:
@@ -215,7 +225,7 @@ async def _set_timeout(request: Request, sandbox_id: str) -> Response:
 
 async def _refresh(request: Request, sandbox_id: str) -> Response:
     e2b, sb = sandbox_of(request, sandbox_id)
-    duration = (await _body(request)).get("duration", DEFAULT_TIMEOUT_S)
+    duration = (await read_body(request)).get("duration", DEFAULT_TIMEOUT_S)
     if not isinstance(duration, int) or isinstance(duration, bool) or not 0 <= duration <= e2b.config.max_timeout_s:
         raise E2bError(400, f"duration: must be an integer number of seconds in [0, {e2b.config.max_timeout_s}]")
     if not sb.paused and sb.end_s - time.monotonic() < duration:
@@ -233,7 +243,7 @@ async def _pause(request: Request, sandbox_id: str) -> Response:
 
 async def _resume(request: Request, sandbox_id: str, *, connect: bool) -> Response:
     e2b, sb = sandbox_of(request, sandbox_id)
-    timeout_s = _timeout(await _body(request), e2b, None)
+    timeout_s = check_timeout(await read_body(request), e2b, None)
     if not sb.paused:
         if not connect:
             raise E2bError(409, f"sandbox {sandbox_id!r} is not paused")
@@ -253,12 +263,12 @@ async def _resume_only(request: Request, sandbox_id: str) -> Response:
 
 
 for path in ("/sandboxes", "/v2/sandboxes"):
-    router.add_api_route(path, _wrap(_create), methods=["POST"])
-    router.add_api_route(path, _wrap(_list), methods=["GET"])
-    router.add_api_route(path + "/{sandbox_id}/connect", _wrap(_connect), methods=["POST"])
-router.add_api_route("/sandboxes/{sandbox_id}", _wrap(_get), methods=["GET"])
-router.add_api_route("/sandboxes/{sandbox_id}", _wrap(_delete), methods=["DELETE"])
-router.add_api_route("/sandboxes/{sandbox_id}/timeout", _wrap(_set_timeout), methods=["POST"])
-router.add_api_route("/sandboxes/{sandbox_id}/refreshes", _wrap(_refresh), methods=["POST"])
-router.add_api_route("/sandboxes/{sandbox_id}/pause", _wrap(_pause), methods=["POST"])
-router.add_api_route("/sandboxes/{sandbox_id}/resume", _wrap(_resume_only), methods=["POST"])
+    router.add_api_route(path, e2b_route(_create), methods=["POST"])
+    router.add_api_route(path, e2b_route(_list), methods=["GET"])
+    router.add_api_route(path + "/{sandbox_id}/connect", e2b_route(_connect), methods=["POST"])
+router.add_api_route("/sandboxes/{sandbox_id}", e2b_route(_get), methods=["GET"])
+router.add_api_route("/sandboxes/{sandbox_id}", e2b_route(_delete), methods=["DELETE"])
+router.add_api_route("/sandboxes/{sandbox_id}/timeout", e2b_route(_set_timeout), methods=["POST"])
+router.add_api_route("/sandboxes/{sandbox_id}/refreshes", e2b_route(_refresh), methods=["POST"])
+router.add_api_route("/sandboxes/{sandbox_id}/pause", e2b_route(_pause), methods=["POST"])
+router.add_api_route("/sandboxes/{sandbox_id}/resume", e2b_route(_resume_only), methods=["POST"])

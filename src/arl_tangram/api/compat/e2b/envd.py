@@ -75,7 +75,7 @@ async def unary(request: Request, request_cls: type, work: Work) -> Response:
     try:
         codec = connect.codec_of(request, stream=False)
         e2b, sb = envd_sandbox(request)
-        message = connect.decode(await request.body(), request_cls, codec)
+        message: Any = connect.decode(await request.body(), request_cls, codec)
         return connect.unary_reply(await work(e2b, sb, message), codec)
     except Exception as exc:  # noqa: BLE001 - every failure goes back as a Connect error
         return connect.unary_error(as_connect(exc))
@@ -92,7 +92,7 @@ async def server_stream(request: Request, request_cls: type, opener: Stream) -> 
     try:
         codec = connect.codec_of(request, stream=True)
         e2b, sb = envd_sandbox(request)
-        message = connect.decode(await connect.first_envelope(request), request_cls, codec)
+        message: Any = connect.decode(await connect.first_envelope(request), request_cls, codec)
         messages = await opener(e2b, sb, message, codec)
     except Exception as exc:  # noqa: BLE001
         failed = connect.end_stream(as_connect(exc))

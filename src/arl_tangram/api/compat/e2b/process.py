@@ -54,7 +54,11 @@ def _submit(e2b: E2bState, sb: E2bSandbox, config: Any, timeout_s: float | None)
 
 
 def _event(which: str, value: Any, reply: type = pb.StartResponse) -> Any:
-    return reply(event=pb.ProcessEvent(event=Oneof(which, value)))
+    return reply(event=pb.ProcessEvent(event=Oneof(which, value)))  # type: ignore[arg-type]  # which: a field name of the oneof
+
+
+def _data(stream: str, text: str, reply: type) -> Any:
+    return _event("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, text.encode())), reply)  # type: ignore[arg-type]
 
 
 def _end(outcome: str, exit_code: int | None, cause: str | None) -> Any:
@@ -75,7 +79,7 @@ async def _events(e2b: E2bState, proc: E2bProcess, reply: type) -> AsyncIterator
     while record.result is None:
         for stream, text in record.live_output[sent:]:
             chars[stream] = chars.get(stream, 0) + len(text)
-            yield _event("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, text.encode())), reply)
+            yield _data(stream, text, reply)
         sent = len(record.live_output)
         changed = record.live_output_changed  # taken before the wait: no chunk is missed
         if len(record.live_output) > sent or record.result is not None:
@@ -92,10 +96,10 @@ async def _events(e2b: E2bState, proc: E2bProcess, reply: type) -> AsyncIterator
     result = await read_result(record)
     for stream, text in record.live_output[sent:]:  # what came in with the end
         chars[stream] = chars.get(stream, 0) + len(text)
-        yield _event("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, text.encode())), reply)
+        yield _data(stream, text, reply)
     for stream, full in (("stdout", result.stdout), ("stderr", result.stderr)):
         if len(full) > chars[stream]:  # past LIVE_OUTPUT_BYTES: the rest arrives with the result
-            yield _event("data", pb.ProcessEvent.DataEvent(output=Oneof(stream, full[chars[stream] :].encode())), reply)
+            yield _data(stream, full[chars[stream] :], reply)
     if result.outcome == "timed_out":
         raise ConnectError("deadline_exceeded", f"the command ran past its timeout ({record.spec.timeout_s:g} s) and was killed")
     yield _event("end", _end(result.outcome, result.exit_code, result.cause), reply)

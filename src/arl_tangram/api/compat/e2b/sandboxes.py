@@ -83,6 +83,7 @@ class E2bState:
         self.api, self.config = api, config
         self.sandboxes: dict[str, E2bSandbox] = {}
         self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.snapshots: dict[str, Any] = {}  # snapshot id -> fork.E2bSnapshot
         self.keeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
