@@ -34,7 +34,7 @@ KEY_A, KEY_B = "e2b_" + "a" * 40, "e2b_" + "b" * 40
 IDLE_TTL_S = 0.8  # the runtime's idle lease here: shorter than the sandboxes' timeouts
 CONFIG = TangramConfig(
     service=ServiceSettings(env_idle_ttl_s=IDLE_TTL_S),
-    e2b=E2bConfig(mem_bytes=256 << 20, templates={"base": "host"}),
+    e2b=E2bConfig(mem_bytes=256 << 20, templates={"base": "host"}, warm=1),
 )
 
 
@@ -219,3 +219,24 @@ def test_pause_stops_commands_and_the_clock_resume_restarts_them(api: str, sandb
     assert resumed.commands.run("echo back").stdout == "back\n"
 
 
+
+
+def test_a_create_takes_a_ready_spare_of_its_kind(api: str, e2b_server: ServerThread) -> None:
+    first = Sandbox.create("base", timeout=60, metadata={"memory": "192MiB"})  # a kind of its own
+    native = httpx.Client(base_url=e2b_server.url, headers={"Authorization": f"Bearer {KEY_A}"})
+    try:
+        deadline, spare = time.monotonic() + 30, None
+        while spare is None and time.monotonic() < deadline:  # the spare is an env of the tenant
+            ids = {e["env_id"] for e in native.get("/v1/envs").json()["envs"] if e["mem_bytes"] == 192 << 20}
+            spare = next(iter(ids - {first.sandbox_id}), None)
+            time.sleep(0.05)
+        assert spare is not None
+        second = Sandbox.create("base", timeout=60, metadata={"memory": "192MiB"})
+        try:
+            assert second.sandbox_id == spare  # taken, not started
+            assert second.commands.run("echo ok").stdout == "ok\n"
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+        native.close()

@@ -9,6 +9,7 @@ Example::
     cpu = "1-4"                       # a command's default cores: "n" or "min-max" (elastic)
     image_key = "image"               # metadata key holding a per-sandbox image (slime's)
     max_timeout_s = 86400             # the longest sandbox timeout (TTL) a caller may ask
+    warm = 2                          # started sandboxes kept ready per (tenant, template, memory) once asked for
     [e2b.templates]                   # template id or alias -> image reference ("host": the host root)
     base = "host"
     python = "127.0.0.1:5000/library/python:3.12"
@@ -48,6 +49,7 @@ class E2bConfig:
     cpu: tuple[int, int] = (1, 1)
     image_key: str = "image"
     max_timeout_s: int = 86400
+    warm: int = 0  # ready spares per (tenant, image, memory); each holds its memory while it waits
     templates: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({"base": "host"}))
 
 
@@ -68,6 +70,7 @@ def read_e2b(t: Table) -> E2bConfig:
         mem_bytes=t.size("memory", E2bConfig.mem_bytes, minimum=16 << 20),
         cpu=parse_cpu(t.get("cpu", "1"), t.path("cpu")), image_key=t.string("image_key", E2bConfig.image_key),
         max_timeout_s=t.integer("max_timeout_s", E2bConfig.max_timeout_s, minimum=1),
+        warm=t.integer("warm", E2bConfig.warm, minimum=0),
         templates=MappingProxyType(aliases or {"base": "host"}),
     )  # fmt: skip
     t.done()

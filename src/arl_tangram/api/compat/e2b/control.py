@@ -27,9 +27,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from arl_tangram.api.compat.e2b.sandboxes import E2bSandbox, E2bState, e2b_state
+from arl_tangram.api.compat.e2b.sandboxes import E2bSandbox, E2bState, e2b_state, new_sandbox_id
 from arl_tangram.api.compat.tenancy import Unauthorized, tenant_for
-from arl_tangram.api.state import DEFAULT_TENANT, Overloaded, new_id
+from arl_tangram.api.state import DEFAULT_TENANT, Overloaded
 from arl_tangram.core.action import EnvSpec
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.config import parse_size_bytes
@@ -113,11 +113,6 @@ def resolve_template(e2b: E2bState, template_id: Any, metadata: dict[str, str]) 
     raise E2bError(400, f"templateID: must be a template alias ({aliases}) or an image reference (got {template_id!r})")
 
 
-def new_sandbox_id() -> str:
-    """E2B's id shape: a letter and 20 lowercase hex digits, uuid4-based (not guessable)."""
-    return "i" + new_id("").replace("-", "")[:20]
-
-
 def sandbox_view(e2b: E2bState, sb: E2bSandbox, *, detail: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "templateID": sb.template_id, "sandboxID": sb.sandbox_id, "clientID": CLIENT_ID,
@@ -151,11 +146,22 @@ async def _create(request: Request) -> Response:
     try:
         cpu = parse_cpu(metadata["cpu"], "metadata.cpu") if "cpu" in metadata else e2b.config.cpu
         mem_bytes = parse_size_bytes(metadata["memory"], "metadata.memory") if "memory" in metadata else e2b.config.mem_bytes
-        sandbox_id = new_sandbox_id()
-        internal = e2b.api.scoped(tenant, sandbox_id)
-        spec = EnvSpec(internal, mem_bytes, tenant, metadata.get("trajectory_id", ""), image=image)
+        kind = (tenant, image, mem_bytes)
+        spare = e2b.spares.take(kind) if "trajectory_id" not in metadata else None
+        sandbox_id, internal = spare or await _start_env(e2b, tenant, image, mem_bytes, metadata.get("trajectory_id", ""))
     except SpecError as exc:
         raise E2bError(400, str(exc)) from None
+    e2b.spares.refill(kind)
+    sb = E2bSandbox(sandbox_id, tenant, internal, str(body.get("templateID") or image), image, metadata, env_vars, cpu)
+    e2b.add(sb, timeout_s)
+    return JSONResponse({**sandbox_view(e2b, sb), "envdAccessToken": sb.access_token}, 201)
+
+
+async def _start_env(e2b: E2bState, tenant: str, image: str, mem_bytes: int, trajectory_id: str) -> tuple[str, str]:
+    """A new env for a sandbox: (sandbox id, internal env id), once its sandbox runs."""
+    sandbox_id = new_sandbox_id()
+    internal = e2b.api.scoped(tenant, sandbox_id)
+    spec = EnvSpec(internal, mem_bytes, tenant, trajectory_id, image=image)
     task = e2b.api.spawn(e2b.api.controller.create_env(spec))  # its own task: a client gone does not abandon it
     done, _ = await asyncio.wait((task,), timeout=e2b.api.create_timeout_s)
     if not done:
@@ -167,9 +173,7 @@ async def _create(request: Request) -> Response:
         raise E2bError(400, f"templateID: {exc}") from None
     except EnvFailedError as exc:
         raise E2bError(400, f"templateID: the sandbox could not start from {image!r}: {exc}") from None
-    sb = E2bSandbox(sandbox_id, tenant, internal, str(body.get("templateID") or image), image, metadata, env_vars, cpu)
-    e2b.add(sb, timeout_s)
-    return JSONResponse({**sandbox_view(e2b, sb), "envdAccessToken": sb.access_token}, 201)
+    return sandbox_id, internal
 
 
 async def _list(request: Request) -> Response:

@@ -22,13 +22,12 @@ from arl_tangram.api.compat.e2b.control import (
     E2bError,
     check_timeout,
     e2b_route,
-    new_sandbox_id,
     read_body,
     sandbox_of,
     sandbox_view,
     tenant_of_key,
 )  # fmt: skip
-from arl_tangram.api.compat.e2b.sandboxes import E2bSandbox, E2bState, e2b_state
+from arl_tangram.api.compat.e2b.sandboxes import E2bSandbox, E2bState, e2b_state, new_sandbox_id
 from arl_tangram.client.client import AsyncClient, Env
 from arl_tangram.client.transport import InProcessTransport
 

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from arl_tangram.api.state import ApiState
+from arl_tangram.api.compat.e2b.spares import Spares
+from arl_tangram.api.state import ApiState, new_id
 from arl_tangram.runtime.actions import ActionRecord
 from arl_tangram.runtime.config_e2b import E2bConfig
 
@@ -76,6 +77,11 @@ class E2bSandbox:
         return token is not None and hmac.compare_digest(token.encode(), self.access_token.encode())
 
 
+def new_sandbox_id() -> str:
+    """E2B's id shape: a letter and 20 lowercase hex digits, uuid4-based (not guessable)."""
+    return "i" + new_id("").replace("-", "")[:20]
+
+
 class E2bState:
     """Live sandboxes by id, and the last ``MAX_GONE_KEPT`` ended ones with why."""
 
@@ -85,6 +91,7 @@ class E2bState:
         self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.snapshots: dict[str, Any] = {}  # snapshot id -> fork.E2bSnapshot
         self.keeper: asyncio.Task[None] | None = None
+        self.spares = Spares(api, config.warm, new_sandbox_id)
 
     def start(self) -> None:
         self.keeper = asyncio.get_running_loop().create_task(self._keep_leases(), name="e2b-leases")
@@ -94,6 +101,7 @@ class E2bState:
         period_s = max(0.05, self.api.controller.settings.env_idle_ttl_s / 4)
         while True:
             await asyncio.sleep(period_s)
+            self.spares.renew()
             for sb in list(self.sandboxes.values()):
                 if sb.internal in self.api.controller.env_specs:
                     self.api.controller.renew_env(sb.internal)
@@ -156,6 +164,7 @@ class E2bState:
             self.keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.keeper
+        await self.spares.aclose()
         for sb in list(self.sandboxes.values()):
             self.kill(sb, "was killed: the server stopped")
 
