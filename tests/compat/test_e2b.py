@@ -240,3 +240,16 @@ def test_a_create_takes_a_ready_spare_of_its_kind(api: str, e2b_server: ServerTh
     finally:
         first.kill()
         native.close()
+
+
+def test_the_e2b_table_is_read_and_checked() -> None:
+    from arl_tangram.runtime.config import parse_config
+    from arl_tangram.runtime.config_reader import ConfigError
+
+    config = parse_config('[e2b]\nprefix = "/sbx"\ncpu = "1-4"\nmemory = "512MiB"\nwarm = 3\n[e2b.templates]\npy = "127.0.0.1:5000/py:3"\n')
+    assert (config.e2b.prefix, config.e2b.cpu, config.e2b.mem_bytes, config.e2b.warm) == ("/sbx", (1, 4), 512 << 20, 3)
+    assert dict(config.e2b.templates) == {"py": "127.0.0.1:5000/py:3"}
+    for text, field in (('prefix = "sbx/"', "e2b.prefix"), ('cpu = "4-1"', "e2b.cpu"), ("warm = -1", "e2b.warm"), ("colour = 1", "e2b.colour")):
+        with pytest.raises(ConfigError) as bad:
+            parse_config(f"[e2b]\n{text}\n")
+        assert bad.value.field == field
