@@ -253,3 +253,15 @@ def test_the_e2b_table_is_read_and_checked() -> None:
         with pytest.raises(ConfigError) as bad:
             parse_config(f"[e2b]\n{text}\n")
         assert bad.value.field == field
+
+
+def test_raw_routes_the_sdk_does_not_call_v1_list_refreshes_and_the_host_form(api: str, sandbox: Sandbox) -> None:
+    key = {"X-API-Key": KEY_A}
+    assert sandbox.sandbox_id in {s["sandboxID"] for s in httpx.get(f"{api}/sandboxes", headers=key).json()}
+    assert httpx.post(f"{api}/sandboxes/{sandbox.sandbox_id}/refreshes", json={"duration": 100}, headers=key).status_code == 204
+    assert httpx.post(f"{api}/sandboxes/{sandbox.sandbox_id}/refreshes", json={"duration": -1}, headers=key).status_code == 400
+    token = {"X-Access-Token": sandbox._envd_access_token or "", "Content-Type": "application/json"}
+    by_host = httpx.post(f"{api}/process.Process/List", content=b"{}", headers={**token, "Host": f"49983-{sandbox.sandbox_id}.tangram.local"})
+    assert (by_host.status_code, by_host.json()) == (200, {})
+    other_port = httpx.post(f"{api}/process.Process/List", content=b"{}", headers={**token, "E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"})
+    assert (other_port.status_code, other_port.json()["code"]) == (503, "unavailable")
