@@ -200,6 +200,8 @@ def main(argv: list[str]) -> int:
     per_setting = {name: setting_figures([r for r in rows if r["experiment"] == name]) for name in dict.fromkeys(r["experiment"] for r in rows)}
     summary = summarize(per_setting)
     summary["wall_s"] = time.perf_counter() - t0
+    summary["runs"] = len(rows)
+    summary["cpu_s"] = sum(r["cpu_s"] for r in rows)  # the sweep's work: wall on an idle host ≈ cpu_s / workers + the tail
     targets = {k: {"value": summary[k], "target": f"{op} {v}", "met": summary[k] >= v if op == ">=" else summary[k] <= v} for k, (op, v) in TARGETS.items()}
     plot = None if args.no_plots else plot_margins(per_setting, os.path.join(args.report_dir, "sweep_margins.png"))
     result = {"summary": summary, "targets": targets, "settings": per_setting, "plot": plot, "quick": args.quick}
