@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 1..n at defaults (at least 5 for the summary's claims)")
     parser.add_argument("--seed-set", choices=sorted(SEED_SETS), help="a named seed set instead of --seeds (second: 11,13,17,19,23)")
     parser.add_argument("--settings", default="", help="comma-separated setting names to run only (development; the summary covers what ran)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="worker processes (default: one per core)")
     parser.add_argument("--quick", action="store_true", help="a tenth of the scale (batch 128 on 2 nodes): a smoke run")
     parser.add_argument("--report-dir", default="reports/sweep")
     parser.add_argument("--no-plots", action="store_true")
