@@ -109,3 +109,11 @@ def test_paper_runs_fixed_dops_and_seeds_at_the_headline_scale() -> None:
     small = [s for s in specs if s.label == "k8s-static-pods-for-smallest-batch"]
     assert len(small) == len(paper.SWEEP_BATCHES)
     assert {s.policy_params["pod_millicores"] for s in small} == {paper.pod_millicores(256)}
+
+
+def test_an_unknown_setting_is_refused_by_name_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--settings", "seed-1,sigmax3", "--quick", "--no-plots", "--workers", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--settings" in err and "'sigmax3'" in err and "seed-1" in err
