@@ -82,6 +82,9 @@ class EnvCreate(_Strict):
     tmp: MibSize = "256MiB"
     writable: MibSize = Field("1GiB", description="cap of an image env's writable layer")
     trajectory_id: str = Field("", max_length=128)
+    snapshot: str | None = Field(
+        None, pattern=r"^snap-[a-z0-9]{6,40}$", description="start from this snapshot's filesystem (its image and node; image is then ignored)",
+    )  # fmt: skip
 
 
 class EnvView(BaseModel):
