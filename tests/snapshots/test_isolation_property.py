@@ -6,7 +6,7 @@ what it should see. The store squashes past depth 2, so squashed stacks are cove
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.snapshots.node_kit import Node
@@ -51,6 +51,10 @@ def apply(node: Node, env: str, model: dict[str, str], op: Op, step: int) -> Non
 @settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(ops)
+# squashes of an opaque directory and of a whiteout over a lower snapshot's file, every time
+@example([("snapshot", 0, "a", "a"), ("redir", 0, "a", "a"), ("snapshot", 0, "a", "a"), ("fork", 0, "a", "a")])
+@example([("snapshot", 0, "a", "a"), ("delete", 0, "a", "a"), ("rename", 0, "sub/c", "b"), ("fork", 0, "a", "a"),
+          ("fork", 1, "a", "a"), ("rollback", 2, "a", "a")])  # fmt: skip
 def test_every_env_sees_its_model(node: Node, sequence: list[Op]) -> None:
     root = node.create()
     node.sh(root, "mkdir -p /testbed/d/sub && echo -n i > /testbed/d/a && echo -n i > /testbed/d/sub/c")
