@@ -61,12 +61,12 @@ def create_env_sandbox(agent: NodeAgent, spec: EnvSpec, env_id: str) -> None:
     snaps = agent.snapshots
     if spec.snapshot and snaps is None:
         raise SpecError("snapshot", f"node {agent.node_id} keeps no snapshots", spec.snapshot)
-    snap = snaps.get(spec.snapshot, spec.tenant) if spec.snapshot else None
+    snap = snaps.get(spec.snapshot, spec.tenant) if snaps is not None and spec.snapshot else None
     record = resolve_image(images, snap.image_id if snap is not None else spec.image)
     images.pin(record.image_id, env_id)
     try:
         root = image_root(record, spec.writable_bytes)
-        if snap is not None:  # the snapshot's layers over the image's, a fresh upper: no copy
+        if snaps is not None and snap is not None:  # the snapshot's layers over the image's, a fresh upper: no copy
             root = snaps.child_root(snap, root.lower_dirs, spec.writable_bytes)
         cpu.create_sandbox(SandboxSpec(**sandbox_fields(spec), root=root), sandbox_id=env_id)
     except BaseException:

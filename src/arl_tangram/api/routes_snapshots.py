@@ -76,7 +76,7 @@ async def rollback_env(state: State, tenant: Tenant, env_id: str, body: Rollback
 
 @router.get("/v1/snapshots", response_model=SnapshotList, responses=ERROR_RESPONSES)
 async def list_snapshots(state: State, tenant: Tenant) -> dict[str, Any]:
-    snaps = await asyncio.to_thread(state.controller.snapshots.list, tenant)
+    snaps = await asyncio.to_thread(state.controller.snapshots.catalog, tenant)
     return {"snapshots": [_view(state, tenant, s) for s in snaps]}
 
 

@@ -154,7 +154,7 @@ class InProcessTransport(Transport):
         return public(await asyncio.to_thread(self.controller.snapshots.get, snapshot_id, tenant))
 
     async def list_snapshots(self, tenant: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.controller.snapshots.list, tenant)
+        return await asyncio.to_thread(self.controller.snapshots.catalog, tenant)
 
     async def delete_snapshot(self, snapshot_id: str, tenant: str) -> None:
         await asyncio.to_thread(self.controller.snapshots.delete, snapshot_id, tenant)

@@ -172,7 +172,7 @@ class SnapshotService:
             return {**record.to_json(), "node_id": agent.node_id}
         raise SnapshotNotFoundError("snapshot_id", "must name a snapshot of this tenant", snapshot_id)
 
-    def list(self, tenant: str | None) -> list[dict[str, Any]]:
+    def catalog(self, tenant: str | None) -> list[dict[str, Any]]:
         self.expire()
         out = []
         for agent in self._agents():
