@@ -11,9 +11,9 @@ snapshot: the env restarts on the new layers, in the same working directory.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 
 from arl_tangram.agent.snapshots import SnapshotInUseError, SnapshotNotFoundError
 from arl_tangram.api.auth import State, Tenant
@@ -21,6 +21,7 @@ from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.routes_envs import env_view
 from arl_tangram.api.schemas import ERROR_RESPONSES
 from arl_tangram.api.schemas_snapshots import (
+    SNAPSHOT_ID_PATTERN,
     ForkCreate,
     ForkView,
     RollbackBody,
@@ -32,6 +33,7 @@ from arl_tangram.api.state import ApiState, Conflict, NotFound
 from arl_tangram.runtime.snapshots import public
 
 router = APIRouter(tags=["snapshots"], route_class=JsonBodyRoute)
+SnapshotId = Annotated[str, Path(pattern=SNAPSHOT_ID_PATTERN, description="a snapshot id: snap- and 6-40 lowercase letters or digits")]
 
 
 def _view(state: ApiState, tenant: str, snap: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +87,13 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 
 
 @router.get("/v1/snapshots/{snapshot_id}", response_model=SnapshotView, responses=ERROR_RESPONSES)
-async def get_snapshot(state: State, tenant: Tenant, snapshot_id: str) -> dict[str, Any]:
+async def get_snapshot(state: State, tenant: Tenant, snapshot_id: SnapshotId) -> dict[str, Any]:
     snap = await _guard(_in_thread(state.controller.snapshots.get, snapshot_id, tenant))
     return _view(state, tenant, public(snap))
 
 
 @router.delete("/v1/snapshots/{snapshot_id}", status_code=204, responses=ERROR_RESPONSES)
-async def delete_snapshot(state: State, tenant: Tenant, snapshot_id: str) -> Response:
+async def delete_snapshot(state: State, tenant: Tenant, snapshot_id: SnapshotId) -> Response:
     """Delete a snapshot; 409 while a live env or another snapshot stands on it."""
     await _guard(_in_thread(state.controller.snapshots.delete, snapshot_id, tenant))
     return Response(status_code=204)
