@@ -75,3 +75,20 @@ async def test_rollback_restores_a_snapshot_and_refuses_strangers(connector: Con
         await delete_when_free(tg, snap)
         with pytest.raises(SpecError):
             await tg.get_snapshot(snap)
+
+
+async def test_a_restart_keeps_snapshots_and_lists_them(image_kit: ImageKit, tmp_path: Any) -> None:
+    import arl_tangram
+
+    config = image_kit.config(image_kit.shared_store)
+    async with arl_tangram.connect(config=config) as tg:
+        env = await tg.create_env(image=image_kit.reference, memory="128MiB")
+        await env.write_file("/testbed/kept", "yes")
+        snap = await env.snapshot("before-restart")
+        await env.release()
+    async with arl_tangram.connect(config=config) as tg:  # a new runtime on the same store
+        assert snap.snapshot_id in [s.snapshot_id for s in await tg.list_snapshots()]
+        again = await tg.create_env(snapshot=snap, memory="128MiB")
+        assert (await again.read_file("/testbed/kept")) == b"yes"
+        await again.release()
+        await delete_when_free(tg, snap)

@@ -2,9 +2,10 @@
 ``POST /v1/envs/{id}/rollback``, ``GET /v1/snapshots[/{id}]``, ``DELETE /v1/snapshots/{id}``.
 
 Each is the controller's snapshot call (``runtime.snapshots``: scheduled actions of the env).
-Another tenant's snapshot or env is 404; a snapshot in use is 409 on delete; a rule (a
-rollback to a snapshot the env does not descend from, a host-root env, an open session, a
-``count`` past ``max_fork_count``) is 422 naming the field. Process state is not part of a
+Another tenant's snapshot or env is 404; a snapshot in use is 409 on delete, and so is a
+snapshot, fork or rollback the env's state refuses (a host-root env, an open session, a
+node without a store: 409 naming ``snapshot``); a rule (a rollback to a snapshot the env does
+not descend from, a ``count`` past ``max_fork_count``) is 422 naming the field. Process state is not part of a
 snapshot: the env restarts on the new layers, in the same working directory.
 """
 
@@ -30,6 +31,7 @@ from arl_tangram.api.schemas_snapshots import (
     SnapshotView,
 )
 from arl_tangram.api.state import ApiState, Conflict, NotFound
+from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.snapshots import public
 
 router = APIRouter(tags=["snapshots"], route_class=JsonBodyRoute)
@@ -52,6 +54,10 @@ async def _guard(call: Any) -> Any:
         raise NotFound(exc.field, str(exc.value)) from None
     except SnapshotInUseError as exc:
         raise Conflict(exc.field, exc.rule, exc.value) from None
+    except SpecError as exc:  # the env's state (a host root, an open session, no store): 409
+        if exc.field == "snapshot":
+            raise Conflict(exc.field, exc.rule, exc.value) from None
+        raise
 
 
 @router.post("/v1/envs/{env_id}/snapshots", response_model=SnapshotView, status_code=201, responses=ERROR_RESPONSES)

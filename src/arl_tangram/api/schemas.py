@@ -53,6 +53,7 @@ CROSS_FIELD_RULES = (
     "path: must stay inside /workspace or /tmp", "cwd: must stay inside /workspace or /tmp",
     "path: must not be under /proc, /sys or /dev", "cwd: must not be under /proc, /sys or /dev",
     "reference: must be given (or path, to import a file on the server)",  # POST /v1/images: one of the two
+    "count: must be an integer in [1, max_fork_count]",  # POST /v1/envs/{id}/fork: the server's [images] bound
 )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ class ForkCreate(_Strict):
     """``count`` children of the env as it is now (bounded by ``[images] max_fork_count``,
     past it 422 naming ``count``)."""
 
-    count: JsonInt = Field(..., ge=1, le=4096)
+    count: JsonInt = Field(..., ge=1, le=4096, description="1..max_fork_count (the server's [images] setting, 64 by default)")
 
 
 class RollbackBody(_Strict):

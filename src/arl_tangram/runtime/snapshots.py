@@ -128,7 +128,7 @@ class SnapshotService:
         """``count`` children of the env as it is now: a snapshot, then one env per child."""
         top = self.settings.max_fork_count
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= top:
-            raise SpecError("count", f"must be an integer in [1, {top}] (max_fork_count)", count)
+            raise SpecError("count", "must be an integer in [1, max_fork_count]", {"count": count, "max_fork_count": top})
         parent = self._env(env_id, tenant)
         self._check_fits(parent, count)
         snap = await self.snapshot(env_id, tenant, f"fork of {env_id}")
