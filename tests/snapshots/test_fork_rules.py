@@ -1,6 +1,7 @@
 """The rules of snapshot, fork and rollback through the SDK: a fork waits for the parent's
 running action (an env is never snapshotted mid-write), and every refusal names its field:
-a released env, a ``count`` out of bounds, a host-root env, an open session, another
+a released env, a ``count`` out of bounds or whose children can never fit on the node, a
+host-root env, an open session, another
 tenant's snapshot."""
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ async def test_refusals_name_their_field(connector: Connector, image_kit: ImageK
             with pytest.raises(SpecError) as bad:
                 await env.fork(count)
             assert bad.value.field == "count"
+        big = await tg.create_env(image=image_kit.reference, memory="4GiB")  # 64 of it: more than any node here
+        with pytest.raises(SpecError) as never_fits:
+            await big.fork(64)
+        assert never_fits.value.field == "count" and "never fit" in never_fits.value.rule
+        await big.release()
         host = await tg.create_env(memory="128MiB")
         with pytest.raises(SpecError) as on_host:
             await host.snapshot()
