@@ -14,6 +14,7 @@ from typing import Any
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.agent.ports import ImagePort, ImageRecordLike
+from arl_tangram.agent.snapshots import EnvRoot
 from arl_tangram.core.env_spec import EnvSpec
 from arl_tangram.core.errors import SpecError
 
@@ -57,15 +58,23 @@ def create_env_sandbox(agent: NodeAgent, spec: EnvSpec, env_id: str) -> None:
     images = agent.images
     if images is None:
         raise SpecError("image", f"node {agent.node_id} has no image store: only 'host' runs here", spec.image)
-    record = resolve_image(images, spec.image)
+    snaps = agent.snapshots
+    if spec.snapshot and snaps is None:
+        raise SpecError("snapshot", f"node {agent.node_id} keeps no snapshots", spec.snapshot)
+    snap = snaps.get(spec.snapshot, spec.tenant) if snaps is not None and spec.snapshot else None
+    record = resolve_image(images, snap.image_id if snap is not None else spec.image)
     images.pin(record.image_id, env_id)
     try:
-        fields = {**sandbox_fields(spec), "root": image_root(record, spec.writable_bytes)}
-        sandbox = SandboxSpec(**fields)
-        cpu.create_sandbox(sandbox, sandbox_id=env_id)
+        root = image_root(record, spec.writable_bytes)
+        if snaps is not None and snap is not None:  # the snapshot's layers over the image's, a fresh upper: no copy
+            root = snaps.child_root(snap, root.lower_dirs, spec.writable_bytes)
+        cpu.create_sandbox(SandboxSpec(**sandbox_fields(spec), root=root), sandbox_id=env_id)
     except BaseException:
         images.unpin(env_id)
         raise
+    if snaps is not None:
+        lowers = tuple(layer.path for layer in record.layers)
+        snaps.note_env(env_id, EnvRoot(spec.image, record.image_id, lowers, spec.snapshot))
 
 
 def destroy_env_sandbox(agent: NodeAgent, env_id: str) -> None:
@@ -76,5 +85,7 @@ def destroy_env_sandbox(agent: NodeAgent, env_id: str) -> None:
         if cpu is not None and env_id in cpu.list_sandboxes():
             cpu.destroy_sandbox(env_id)
     finally:
+        if agent.snapshots is not None:
+            agent.snapshots.forget_env(env_id)
         if agent.images is not None:
             agent.images.unpin(env_id)

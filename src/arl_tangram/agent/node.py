@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from arl_tangram.agent.ports import ApiPort, CpuPort, GpuPort, ImagePort
+from arl_tangram.agent.snapshots import NodeSnapshots
 from arl_tangram.core.action import ServiceSpec
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.topology import CpuNodeSpec, GpuNodeSpec
@@ -38,6 +39,7 @@ class NodeAgent:
     host_mem_bytes: int | None = None
     images: ImagePort | None = None
     max_concurrent_pulls: int = 4
+    snapshots: NodeSnapshots | None = None  # the image envs' snapshots (local backend only)
 
     @property
     def cpu_node_id(self) -> str:

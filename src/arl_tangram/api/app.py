@@ -24,6 +24,7 @@ from arl_tangram.api import (
     routes_envs,
     routes_images,
     routes_services,
+    routes_snapshots,
     routes_system,
 )
 from arl_tangram.api.auth import document_bearer, tokens_from_config
@@ -104,7 +105,7 @@ def create_app(
     action_schema = routes_actions.ACTION_ADAPTER.json_schema(ref_template="#/components/schemas/{model}")
     document_bearer(app, {"ActionCreate": action_schema})
     _document_cross_field_rules(app)
-    for module in (routes_envs, routes_actions, routes_images, routes_services, routes_system):
+    for module in (routes_envs, routes_snapshots, routes_actions, routes_images, routes_services, routes_system):
         app.include_router(module.router)
     return app
 

@@ -61,10 +61,16 @@ async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str,
     internal = state.scoped(tenant, external)
     if internal in state.controller.env_specs:
         raise Conflict("env_id", "must be unique among this tenant's live envs", external)
+    image = body.image
+    if body.snapshot is not None:  # its image is the snapshot's (another tenant's: 404)
+        try:
+            image = (await asyncio.to_thread(state.controller.snapshots.get, body.snapshot, tenant))["image"]
+        except SpecError:
+            raise NotFound("snapshot", body.snapshot) from None
     spec = EnvSpec(
-        internal, mem_bytes, tenant, body.trajectory_id, image=body.image, pids_max=body.pids_max,
+        internal, mem_bytes, tenant, body.trajectory_id, image=image, pids_max=body.pids_max,
         workspace_bytes=parse_size_bytes(body.workspace, "workspace"), tmp_bytes=parse_size_bytes(body.tmp, "tmp"),
-        writable_bytes=parse_size_bytes(body.writable, "writable"),
+        writable_bytes=parse_size_bytes(body.writable, "writable"), snapshot=body.snapshot or "",
     )  # fmt: skip
     # A task of its own: a client that goes away does not stop the creation it asked for.
     task = state.spawn(state.controller.create_env(spec))

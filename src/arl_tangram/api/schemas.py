@@ -53,6 +53,7 @@ CROSS_FIELD_RULES = (
     "path: must stay inside /workspace or /tmp", "cwd: must stay inside /workspace or /tmp",
     "path: must not be under /proc, /sys or /dev", "cwd: must not be under /proc, /sys or /dev",
     "reference: must be given (or path, to import a file on the server)",  # POST /v1/images: one of the two
+    "count: must be an integer in [1, max_fork_count]",  # POST /v1/envs/{id}/fork: the server's [images] bound
 )  # fmt: skip
 
 
@@ -82,6 +83,9 @@ class EnvCreate(_Strict):
     tmp: MibSize = "256MiB"
     writable: MibSize = Field("1GiB", description="cap of an image env's writable layer")
     trajectory_id: str = Field("", max_length=128)
+    snapshot: str | None = Field(
+        None, pattern=r"^snap-[a-z0-9]{6,40}$", description="start from this snapshot's filesystem (its image and node; image is then ignored)",
+    )  # fmt: skip
 
 
 class EnvView(BaseModel):

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from arl_tangram.client.snapshot import Snapshot, snapshot_id_of
 from arl_tangram.client.transport import Transport
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import Amdahl, ElasticityModel, NonElastic, Table
@@ -97,7 +98,7 @@ class AsyncClient:
     async def create_env(
         self, *, image: str = "host", memory: str | int = "1GiB", pids_max: int = 512,
         workspace: str | int = "512MiB", tmp: str | int = "256MiB", writable: str | int = "1GiB", trajectory_id: str = "",
-        env_id: str | None = None,
+        env_id: str | None = None, snapshot: Snapshot | str | None = None,
     ) -> Env:  # fmt: skip
         """A stateful sandbox at zero CPU while idle; its memory is held for its life.
 
@@ -106,14 +107,35 @@ class AsyncClient:
         onto the env's node first if that node lacks its layers. ``writable`` caps the
         image env's own writable layer. Raises ``SpecError`` naming a bad field, and
         ``EnvFailedError`` with the cause (a failed pull names the layer and the
-        registry's answer)."""
+        registry's answer).
+
+        ``snapshot``: start from a snapshot's filesystem instead (on its image and its node;
+        ``image`` is then ignored): a new writable layer over the snapshot's, no copy."""
+        sid = ""
+        if snapshot is not None:
+            sid = snapshot_id_of(snapshot)
+            image = str((await self.transport.get_snapshot(sid, self.tenant))["image"])
         spec = EnvSpec(
             env_id or _new_id("env"), parse_size_bytes(memory, "memory"), self.tenant, trajectory_id, image=image,
             pids_max=pids_max, workspace_bytes=parse_size_bytes(workspace, "workspace"), tmp_bytes=parse_size_bytes(tmp, "tmp"),
-            writable_bytes=parse_size_bytes(writable, "writable"),
+            writable_bytes=parse_size_bytes(writable, "writable"), snapshot=sid,
         )  # fmt: skip
         await self.transport.create_env(spec)
         return Env(self, spec.env_id, trajectory_id)
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """This tenant's snapshots, oldest first."""
+        return [Snapshot.from_json(s) for s in await self.transport.list_snapshots(self.tenant)]
+
+    async def get_snapshot(self, snapshot: Snapshot | str) -> Snapshot:
+        """A snapshot by id; ``SpecError`` naming ``snapshot_id`` when there is none (or it is
+        another tenant's)."""
+        return Snapshot.from_json(await self.transport.get_snapshot(snapshot_id_of(snapshot), self.tenant))
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Delete a snapshot; refused (``SpecError`` naming ``snapshot_id``) while a live env
+        or another snapshot stands on it."""
+        await self.transport.delete_snapshot(snapshot_id_of(snapshot), self.tenant)
 
     async def prefetch(self, images: Sequence[str] | str, *, nodes: Sequence[str] = ()) -> None:
         """Pull ``images`` onto ``nodes`` (node ids, e.g. ``local/cpu``; every node when
@@ -213,6 +235,25 @@ class Env:
 
     async def read_file(self, path: str) -> bytes:
         return await self.client.transport.read_file(self.env_id, path)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Freeze this env's filesystem (root changes, ``/workspace``, ``/tmp``) as a read-only
+        snapshot, as an action queued behind the env's running one; the env goes on on top of
+        it. Process state is not part of a snapshot: the env's sandbox restarts on the new
+        layers (same working directory), so it is refused while a session is open. Image
+        envs only (``SpecError`` naming ``snapshot`` on the host root)."""
+        return Snapshot.from_json(await self.client.transport.snapshot(self.env_id, self.client.tenant, name))
+
+    async def fork(self, n: int) -> list[Env]:
+        """``n`` new envs whose filesystems start as this env's is now (a snapshot, then one
+        fresh writable layer per child over it: no copy); on this env's node. Each child's
+        writes are its own. ``count`` is 1..``max_fork_count``."""
+        ids = await self.client.transport.fork(self.env_id, self.client.tenant, n)
+        return [Env(self.client, env_id, self.trajectory_id) for env_id in ids]
+
+    async def rollback(self, snapshot: Snapshot | str) -> None:
+        """Put this env back to a snapshot it descends from (a fresh writable layer over it)."""
+        await self.client.transport.rollback(self.env_id, self.client.tenant, snapshot_id_of(snapshot))
 
     async def session(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Session:
         """A persistent bash (cwd, variables and shell state kept across commands)."""

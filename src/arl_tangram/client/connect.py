@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from arl_tangram.client.client import AsyncClient, Env
 from arl_tangram.client.http_transport import HttpTransport
+from arl_tangram.client.snapshot import Snapshot
 from arl_tangram.client.transport import InProcessTransport, Transport
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult
@@ -119,6 +120,12 @@ class Client:
     def register_service(self, name: str, **kwargs: Any) -> None:
         self._run(self._client.register_service(name, **kwargs))
 
+    def list_snapshots(self) -> list[Snapshot]:
+        return self._run(self._client.list_snapshots())
+
+    def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        self._run(self._client.delete_snapshot(snapshot))
+
 
 class SyncEnv:
     """``Env`` for the synchronous client."""
@@ -142,6 +149,15 @@ class SyncEnv:
 
     def read_file(self, path: str) -> bytes:
         return self._client._run(self.env.read_file(path))
+
+    def snapshot(self, name: str | None = None) -> Snapshot:
+        return self._client._run(self.env.snapshot(name))
+
+    def fork(self, n: int) -> list[SyncEnv]:
+        return [SyncEnv(self._client, e) for e in self._client._run(self.env.fork(n))]
+
+    def rollback(self, snapshot: Snapshot | str) -> None:
+        self._client._run(self.env.rollback(snapshot))
 
     def release(self) -> None:
         self._client._run(self.env.release())

@@ -143,6 +143,8 @@ class HttpTransport(Transport):
             "workspace": spec.workspace_bytes, "tmp": spec.tmp_bytes, "writable": spec.writable_bytes,
             "trajectory_id": spec.trajectory_id,
         }  # fmt: skip
+        if spec.snapshot:
+            body["snapshot"] = spec.snapshot
         try:
             await self._call("POST", "/v1/envs", json=body)
         except HttpError as exc:
@@ -150,6 +152,28 @@ class HttpTransport(Transport):
                 raise EnvFailedError(exc.body.get("error", "the sandbox failed to start")) from None
             raise
         self.envs.add(spec.env_id)
+
+    # -- snapshots (the server knows the tenant) -------------------------------------------
+    async def snapshot(self, env_id: str, tenant: str, name: str | None) -> dict[str, Any]:
+        return dict(await self._call("POST", f"/v1/envs/{env_id}/snapshots", json={"name": name}))
+
+    async def fork(self, env_id: str, tenant: str, count: int) -> list[str]:
+        answer = await self._call("POST", f"/v1/envs/{env_id}/fork", json={"count": count})
+        ids = [str(e["env_id"]) for e in answer["envs"]]
+        self.envs.update(ids)
+        return ids
+
+    async def rollback(self, env_id: str, tenant: str, snapshot_id: str) -> dict[str, Any]:
+        return dict(await self._call("POST", f"/v1/envs/{env_id}/rollback", json={"snapshot_id": snapshot_id}))
+
+    async def get_snapshot(self, snapshot_id: str, tenant: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/snapshots/{snapshot_id}"))
+
+    async def list_snapshots(self, tenant: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/snapshots"))["snapshots"])
+
+    async def delete_snapshot(self, snapshot_id: str, tenant: str) -> None:
+        await self._call("DELETE", f"/v1/snapshots/{snapshot_id}")
 
     async def prefetch(self, image: str, nodes: Sequence[str]) -> None:
         await self._call("POST", "/v1/images", json={"reference": image, "nodes": list(nodes)})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
 from arl_tangram.core.elasticity import Learned
@@ -17,6 +18,7 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, Payload, read_result
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig
 from arl_tangram.runtime.embedded import EmbeddedRuntime
+from arl_tangram.runtime.snapshots import public
 
 
 class Transport(abc.ABC):
@@ -51,6 +53,26 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def register_service(self, service: ServiceConfig) -> ServiceSpec: ...
+
+    # snapshots: each returns the snapshot's JSON record (``runtime.snapshots.public``)
+    async def snapshot(self, env_id: str, tenant: str, name: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def fork(self, env_id: str, tenant: str, count: int) -> list[str]:
+        """The children's env ids."""
+        raise NotImplementedError
+
+    async def rollback(self, env_id: str, tenant: str, snapshot_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def get_snapshot(self, snapshot_id: str, tenant: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def list_snapshots(self, tenant: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def delete_snapshot(self, snapshot_id: str, tenant: str) -> None:
+        raise NotImplementedError
 
     @abc.abstractmethod
     def service_spec(self, name: str) -> ServiceSpec | None: ...
@@ -118,6 +140,24 @@ class InProcessTransport(Transport):
 
     async def register_service(self, service: ServiceConfig) -> ServiceSpec:
         return await self.runtime.register_service(service)
+
+    async def snapshot(self, env_id: str, tenant: str, name: str | None) -> dict[str, Any]:
+        return await self.controller.snapshots.snapshot(env_id, tenant, name)
+
+    async def fork(self, env_id: str, tenant: str, count: int) -> list[str]:
+        return [s.env_id for s in await self.controller.snapshots.fork(env_id, tenant, count)]
+
+    async def rollback(self, env_id: str, tenant: str, snapshot_id: str) -> dict[str, Any]:
+        return await self.controller.snapshots.rollback(env_id, tenant, snapshot_id)
+
+    async def get_snapshot(self, snapshot_id: str, tenant: str) -> dict[str, Any]:
+        return public(await asyncio.to_thread(self.controller.snapshots.get, snapshot_id, tenant))
+
+    async def list_snapshots(self, tenant: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.controller.snapshots.catalog, tenant)
+
+    async def delete_snapshot(self, snapshot_id: str, tenant: str) -> None:
+        await asyncio.to_thread(self.controller.snapshots.delete, snapshot_id, tenant)
 
     def service_spec(self, name: str) -> ServiceSpec | None:
         return self.controller.loop.state.spec.services.get(name)

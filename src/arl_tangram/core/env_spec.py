@@ -32,6 +32,20 @@ _HOST_CHARS = frozenset(_LOWER + _LOWER.upper() + ".-")
 _TAG_CHARS = frozenset(_LOWER + _LOWER.upper() + "_.-")
 
 
+SNAPSHOT_ID_PREFIX = "snap-"
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def check_snapshot_id(value: object, field_name: str = "snapshot_id") -> str:
+    """``value`` if it is ``snap-`` and 6-40 lowercase alphanumerics, else ``SpecError``."""
+    if (
+        not isinstance(value, str) or not value.startswith(SNAPSHOT_ID_PREFIX)
+        or not 6 <= len(value) - len(SNAPSHOT_ID_PREFIX) <= 40 or not set(value[len(SNAPSHOT_ID_PREFIX):]) <= _ID_CHARS
+    ):  # fmt: skip
+        raise SpecError(field_name, "must be 'snap-' and 6-40 lowercase letters or digits", value)
+    return value
+
+
 def is_digest(text: str) -> bool:
     """Whether ``text`` is ``sha256:`` and 64 lowercase hex digits."""
     return text.startswith("sha256:") and len(text) == 71 and set(text[7:]) <= _HEX
@@ -117,6 +131,9 @@ class EnvSpec:
     ``layers``: the image's layers, lowest first, once someone resolved them (the
     controller, from a node's store); empty when unknown or on the host root. The scheduler
     prefers nodes holding them and charges a pull for the bytes a node lacks.
+    ``snapshot``: the snapshot (``snap-...``) whose filesystem the env starts from, on its
+    image (an image env only: the host root has no writable layer to freeze). ``fork_of``:
+    the env whose node it must run on (a fork's child: the snapshot's layers are there).
     """
 
     env_id: str
@@ -129,6 +146,8 @@ class EnvSpec:
     tmp_bytes: int = 256 << 20
     writable_bytes: int = 1 << 30
     layers: tuple[LayerNeed, ...] = ()
+    snapshot: str = ""
+    fork_of: str = ""
 
     def __post_init__(self) -> None:
         if not self.env_id or not isinstance(self.env_id, str):
@@ -142,6 +161,12 @@ class EnvSpec:
             raise SpecError("layers", "must be a tuple of LayerNeed", self.layers)
         if self.layers and is_host_image(self.image):
             raise SpecError("layers", "must be empty on the host root", self.image)
+        if self.snapshot:
+            check_snapshot_id(self.snapshot, "snapshot")
+            if is_host_image(self.image):
+                raise SpecError("snapshot", "needs an image env (the host root has no writable layer to start from)", self.image)
+        if not isinstance(self.fork_of, str) or (self.fork_of and not self.snapshot):
+            raise SpecError("fork_of", "must be a string, and set only with snapshot", self.fork_of)
 
     @property
     def on_image(self) -> bool:

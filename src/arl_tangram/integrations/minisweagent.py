@@ -10,6 +10,12 @@ v1 form) with ``bash`` and returns ``{"output": stdout and stderr interleaved,
 is one scheduled action in the environment's own sandbox, whose files persist across
 commands; nothing else does (each command is a fresh ``bash``, as in mini-swe-agent's local
 and docker environments). Synchronous: the agents are.
+
+GRPO groups: with ``group`` set (the task's id, the same for every rollout of one task) and
+``setup`` (the task's setup command: clone, install, build), the first environment of the
+group runs the setup and snapshots its env; the others of the group (in this process) fork
+from that snapshot after it, without running the setup again (``integrations.groups``).
+Needs an image env (``image``): the host root has no writable layer to snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 from arl_tangram.client import Client
 from arl_tangram.integrations.connection import Endpoint
+from arl_tangram.integrations.groups import BOARD
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -33,6 +40,9 @@ class TangramEnvironmentConfig:
     cwd: str = ""
     timeout: float = 60.0
     env: dict[str, str] = field(default_factory=dict)
+    image: str = "host"
+    group: str = ""  # GRPO group key: members after the first fork from its set-up env
+    setup: str = ""  # run once per group (by its first member), before the agent's commands
 
 
 class TangramEnvironment:
@@ -43,10 +53,41 @@ class TangramEnvironment:
         endpoint = Endpoint.from_config({"tangram_url": self.config.url, "tangram_token": self.config.token})
         self._client: Client | None = Client(endpoint.url, token=endpoint.token)
         try:
-            self._env = self._client.create_env(memory=self.config.memory)
+            self._env = self._start(self._client)
         except BaseException:
             self._client.close()
             raise
+
+    def _start(self, client: Client) -> Any:
+        """The env: set up (as the group's leader, or alone), or from the group's snapshot."""
+        c = self.config
+        if not c.group:
+            env = client.create_env(memory=c.memory, image=c.image)
+            if c.setup:
+                self._setup(env)
+            return env
+        leads, group = BOARD.join(c.group)
+        if not leads:
+            snapshot_id = BOARD.wait(group, max(c.timeout, 600.0))
+            if snapshot_id is not None:
+                return client.create_env(memory=c.memory, snapshot=snapshot_id)
+        env = client.create_env(memory=c.memory, image=c.image)
+        published = False
+        try:
+            if c.setup:
+                self._setup(env)
+            if leads:
+                BOARD.publish(c.group, env.snapshot(f"group:{c.group}").snapshot_id)
+                published = True
+        finally:
+            if leads and not published:
+                BOARD.publish(c.group, None)  # the waiters set up on their own
+        return env
+
+    def _setup(self, env: Any) -> None:
+        r = env.exec(["bash", "-c", "exec 2>&1\n" + self.config.setup], timeout_s=max(self.config.timeout, 600.0), kind="minisweagent:setup")
+        if not r.ok:
+            raise RuntimeError(f"setup: the task's setup ended {r.outcome} (exit {r.exit_code}): {r.stdout[-2000:]}")
 
     def execute(self, action: dict[str, Any] | str, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
         command = action if isinstance(action, str) else str(action.get("command", ""))

@@ -23,6 +23,14 @@ Tool YAML (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
           memory_limit_mb: 1024
           env_idle_s: 600
 
+GRPO groups (``group: true`` with ``image`` and ``setup``): the group key is verl's own
+per-prompt id, ``uid`` in the batch's non-tensor data, which reaches the agent loop's
+``run(**kwargs)`` but not its tools; select ``agent_name: tangram_tool_agent``
+(``integrations.verl_group_loop``: verl's ``ToolAgentLoop`` that hands ``uid`` to the tools).
+The first trajectory of a group creates the env and runs ``setup`` (the tool's first setup
+call), then snapshots it; the group's other trajectories create their envs from that
+snapshot (a fresh writable layer over it, on its node) instead of repeating the setup.
+
 Reward (``reward.custom_reward_function``): ``path`` = this file, ``name: compute_score``,
 ``reward_kwargs: {tangram_url: http://tangram:8080, tangram_token: <token>, timeout: 10}``;
 dataset rows carry ``reward_model.ground_truth`` = ``{"inputs": [...], "outputs": [...]}``
@@ -32,6 +40,7 @@ dataset rows carry ``reward_model.ground_truth`` = ``{"inputs": [...], "outputs"
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import uuid
 from typing import Any
@@ -43,6 +52,9 @@ from arl_tangram.client import Env
 from arl_tangram.integrations.connection import Endpoint, LazyClient
 from arl_tangram.integrations.grading import extract_code, grade, parse_cases
 
+#: the GRPO group (verl's ``uid``) of the trajectory this task runs; set by
+#: ``verl_group_loop.TangramToolAgentLoop``, "" when unknown
+GROUP_UID: contextvars.ContextVar[str] = contextvars.ContextVar("tangram_group_uid", default="")
 RUNNERS = {"python": ("main.py", ["python3", "main.py"]), "bash": ("main.sh", ["bash", "main.sh"])}
 CODE_SCHEMA = {
     "type": "function",
@@ -74,6 +86,12 @@ class TangramCodeTool(BaseTool):
         self.last_used: dict[str, float] = {}
         self.instances: dict[str, str] = {}  # instance id -> trajectory key ("" until known)
         self._creating: dict[str, asyncio.Future[Env]] = {}
+        self.image = str(config.get("image", "host"))
+        self.group = bool(config.get("group", False))
+        self.setup = str(config.get("setup", ""))
+        if self.group and self.image == "host":
+            raise ValueError("group: needs an image (a fork is of an image env's filesystem)")
+        self._groups: dict[str, asyncio.Future[str | None]] = {}  # uid -> its snapshot (None: set up alone)
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
         instance_id = instance_id or str(uuid.uuid4())
@@ -122,7 +140,28 @@ class TangramCodeTool(BaseTool):
 
     async def _create_env(self, key: str) -> Env:
         client = await self.client.get()
-        env = await client.create_env(memory=self.memory, trajectory_id=key[:128])
+        uid = GROUP_UID.get() if self.group else ""
+        snapshot_id = None
+        if uid and uid in self._groups:  # a later trajectory of the group: from its snapshot
+            snapshot_id = await asyncio.shield(self._groups[uid])
+        if snapshot_id is not None:
+            env = await client.create_env(memory=self.memory, trajectory_id=key[:128], snapshot=snapshot_id)
+        else:
+            leads = bool(uid) and uid not in self._groups
+            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            if leads:
+                self._groups[uid] = done
+            try:
+                env = await client.create_env(memory=self.memory, trajectory_id=key[:128], image=self.image)
+                if self.setup:
+                    r = await env.exec(["bash", "-c", self.setup], timeout_s=max(self.timeout_s, 600.0), kind="verl:setup")
+                    if not r.ok:
+                        raise RuntimeError(f"setup: ended {r.outcome} (exit {r.exit_code}): {(r.stdout + r.stderr)[-2000:]}")
+                if leads:
+                    done.set_result((await env.snapshot(f"group:{uid}")).snapshot_id)
+            finally:
+                if leads and not done.done():
+                    done.set_result(None)  # the group's others set up on their own
         self.envs[key] = env
         self.last_used[key] = time.monotonic()
         return env

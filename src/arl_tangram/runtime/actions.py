@@ -91,7 +91,17 @@ class LostOutput:
         raise LookupError(self.why)
 
 
-Payload = ExecPayload | ServicePayload | ApiPayload | NoopPayload
+@dataclass(frozen=True)
+class SnapshotPayload:
+    """A ``snapshot`` action: freeze the env's writable layer as ``snapshot_id`` named
+    ``name``; or a ``rollback`` action: restart the env on ``snapshot_id``. The result's
+    ``output`` is the snapshot's record (a JSON object)."""
+
+    snapshot_id: str
+    name: str = ""
+
+
+Payload = ExecPayload | ServicePayload | ApiPayload | NoopPayload | SnapshotPayload
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from arl_tangram.runtime.actions import (
     NoopPayload,
     Payload,
     ServicePayload,
+    SnapshotPayload,
 )
 
 _VECTOR_FIELDS = ("cpu_millicores", "mem_bytes", "gpu_devices", "quota_tokens")
@@ -120,6 +121,8 @@ def payload_to_dict(payload: Payload) -> dict[str, Any]:
         }  # fmt: skip
     if isinstance(payload, NoopPayload):
         return {"type": "noop"}
+    if isinstance(payload, SnapshotPayload):
+        return {"type": "snapshot", "snapshot_id": payload.snapshot_id, "name": payload.name}
     raise TypeError(f"no dict form for payload {type(payload).__name__}")
 
 
@@ -141,7 +144,9 @@ def payload_from_dict(data: dict[str, Any]) -> Payload:
         )  # fmt: skip
     if kind == "noop":
         return NoopPayload()
-    raise SpecError("payload.type", "must be one of exec, service, api, noop", kind)
+    if kind == "snapshot":
+        return SnapshotPayload(str(data["snapshot_id"]), str(data.get("name", "")))
+    raise SpecError("payload.type", "must be one of exec, service, api, noop, snapshot", kind)
 
 
 def result_to_dict(result: ActionResult) -> dict[str, Any]:

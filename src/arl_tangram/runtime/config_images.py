@@ -9,6 +9,9 @@ Example::
     max_concurrent_pulls = 4          # per node; the scheduler keeps to it too
     default_registry = "127.0.0.1:5000"   # bare names resolve here; omit: a bare name is an error
     allow_import_paths = false        # may HTTP clients import a path on the server? (operator only)
+    max_snapshot_depth = 16           # snapshot layers stacked before the next snapshot is squashed
+    max_fork_count = 64               # children one fork may make (more: 422 naming count)
+    snapshot_ttl_s = 3600             # a snapshot nothing uses or pins is deleted after this
 
     [[images.registries]]
     host = "127.0.0.1:5000"
@@ -49,6 +52,9 @@ class ImagesConfig:
     default_registry: str | None = None
     allow_import_paths: bool = False
     registries: tuple[RegistryConfig, ...] = field(default_factory=tuple)
+    max_snapshot_depth: int = 16
+    max_fork_count: int = 64
+    snapshot_ttl_s: float = 3600.0
 
 
 def read_images(t: Table) -> ImagesConfig | None:
@@ -68,6 +74,9 @@ def read_images(t: Table) -> ImagesConfig | None:
         max_layer_bytes=t.size("max_layer_bytes", ImagesConfig.max_layer_bytes, minimum=1 << 20),
         max_concurrent_pulls=t.integer("max_concurrent_pulls", ImagesConfig.max_concurrent_pulls, minimum=1),
         default_registry=default, allow_import_paths=allow, registries=registries,
+        max_snapshot_depth=t.integer("max_snapshot_depth", ImagesConfig.max_snapshot_depth, minimum=1),
+        max_fork_count=t.integer("max_fork_count", ImagesConfig.max_fork_count, minimum=1),
+        snapshot_ttl_s=t.number("snapshot_ttl_s", ImagesConfig.snapshot_ttl_s, lambda v: v >= 1.0, "must be a number >= 1"),
     )  # fmt: skip
     t.done()
     return config
@@ -117,3 +126,21 @@ def make_image_store(config: ImagesConfig, environ: Mapping[str, str] | None = N
             max_layer_bytes=config.max_layer_bytes,
         )
     )  # fmt: skip
+
+
+def open_snapshots(config: ImagesConfig, images: Any) -> Any:
+    """The node's snapshots, kept under ``<store_path>/snapshots`` (blocking: it removes what
+    a killed process left half-written)."""
+    from arl_tangram.agent.snapshots import NodeSnapshots
+    from arl_tangram.managers.cpu.snapshot_store import SnapshotStore
+
+    store = SnapshotStore(Path(config.store_path) / "snapshots", max_depth=config.max_snapshot_depth)
+    return NodeSnapshots(store, images)
+
+
+def snapshot_settings(config: ImagesConfig | None) -> Any:
+    from arl_tangram.runtime.snapshots import SnapshotSettings
+
+    if config is None:
+        return SnapshotSettings()
+    return SnapshotSettings(config.max_fork_count, config.snapshot_ttl_s, config.max_snapshot_depth)

@@ -54,6 +54,7 @@ from arl_tangram.runtime.images import layers_of_node, resolve_env_image
 from arl_tangram.runtime.journal import Journal, JournalRow
 from arl_tangram.runtime.leases import EnvLeases, ExpiredEnv
 from arl_tangram.runtime.loop import Clock, ControllerLoop, Round
+from arl_tangram.runtime.snapshots import SnapshotService
 from arl_tangram.runtime.tenants import Admission
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class Controller:
             log=self.log.append if keep_log else None, on_wake=lambda _t: self._kick(),
         )  # fmt: skip
         self.env_specs: dict[str, EnvSpec] = {}  # live envs (created or being created)
+        self.snapshots = SnapshotService(self)  # snapshot, fork, rollback (runtime.snapshots)
         self.learned: dict[str, Learned] = {}
         self.executor: LiveExecutor | None = None
         self._wakeup: asyncio.Event | None = None
@@ -324,6 +326,8 @@ class Controller:
         if self._stopping is not None and not self._closed:
             raise EnvFailedError(f"env {spec.env_id}: {self._stopping}")
         self._check_open()
+        if spec.snapshot and not spec.fork_of:  # on the snapshot's node, where its layers are
+            spec = self.snapshots.spec_from(spec.snapshot, spec.tenant, spec)
         spec = await resolve_env_image(self.node_agents, spec)
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:
             raise SpecError("env_id", "must be unique among live envs", spec.env_id)

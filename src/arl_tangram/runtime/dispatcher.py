@@ -54,10 +54,12 @@ from arl_tangram.runtime.actions import (
     ExecPayload,
     NoopPayload,
     ServicePayload,
+    SnapshotPayload,
 )
 from arl_tangram.runtime.images import run_pull
 from arl_tangram.runtime.loop import Executor
 from arl_tangram.runtime.runs import run_api, run_exec, run_service
+from arl_tangram.runtime.snapshots import run_snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -231,6 +233,8 @@ class LiveExecutor(Executor):
                 result, exec_s = await run_service(self, self._agent(d.node_id), record, d, payload, cancel)
             elif isinstance(payload, ApiPayload):
                 result, exec_s = await run_api(self._api_agent(), record, payload)
+            elif isinstance(payload, SnapshotPayload):
+                result, exec_s = await run_snapshot(self, self._agent(d.node_id), record, d, payload)
             else:
                 raise TypeError(f"no runner for {type(payload).__name__}")
         except asyncio.CancelledError:

@@ -27,7 +27,7 @@ from arl_tangram.managers.api.manager import ApiManager
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.runtime.config import ServiceConfig, TangramConfig, quota_pools
-from arl_tangram.runtime.config_images import make_image_store
+from arl_tangram.runtime.config_images import make_image_store, open_snapshots, snapshot_settings
 from arl_tangram.runtime.controller import Controller
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,12 @@ class EmbeddedRuntime:
                 await asyncio.to_thread(cpu.close)
                 raise
             agent.max_concurrent_pulls = config.images.max_concurrent_pulls
+            agent.snapshots = await asyncio.to_thread(open_snapshots, config.images, agent.images)
         controller = Controller(
             Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster_spec(config),
             settings=config.service, tenants=config.tenants,
         )  # fmt: skip
+        controller.snapshots.settings = snapshot_settings(config.images)
         runtime = cls(config, agent, controller)
         try:
             await controller.start()

@@ -57,6 +57,7 @@ class Housekeeper:
             await asyncio.sleep(self.interval_s)
             try:
                 self.sweep()
+                await asyncio.to_thread(self.controller.snapshots.expire)  # disk work: off the loop
             except Exception:
                 log.exception("a housekeeping sweep failed; the next one tries again")
 

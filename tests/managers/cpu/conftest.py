@@ -69,11 +69,13 @@ class SpecMaker:
     """Builds sandbox specs on one kind of root; the escape suites run on both kinds."""
 
     image: Path | None  # the image layer, or None for the host root
+    above: tuple[Path, ...] = ()  # snapshot layers over the image (a forked env's root)
 
     def __call__(self, **overrides: int) -> SandboxSpec:
         base = {"mem_bytes": SMALL.mem_bytes, "pids_max": SMALL.pids_max, "workspace_bytes": SMALL.workspace_bytes,
                 "tmp_bytes": SMALL.tmp_bytes, **overrides}  # fmt: skip
-        return SandboxSpec(**base, root=image_root(self.image) if self.image is not None else None)
+        root = image_root(self.image, lower_dirs=(self.image, *self.above)) if self.image is not None else None
+        return SandboxSpec(**base, root=root)
 
     @property
     def cwd(self) -> str:

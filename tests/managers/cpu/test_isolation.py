@@ -1,5 +1,6 @@
 """Isolation from the host and between sandboxes, checked from inside real sandboxes on the
-host root and on an image root."""
+host root, on an image root, and on a forked env's root (a real snapshot's layer over the
+image, fresh upper: what ``Env.fork`` gives a child)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,34 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from arl_tangram.managers.cpu.manager import CpuManager
 from tests.managers.cpu.conftest import SpecMaker
+from tests.snapshots.node_kit import open_node
+
+
+@pytest.fixture(scope="module")
+def fork_layer(manager: CpuManager, image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The layer a parent's snapshot made (files written, one deleted: a whiteout)."""
+    node = open_node(manager, image_dir, tmp_path_factory.mktemp("fork-store"))
+    parent = node.create()
+    node.sh(parent, "echo parent > /testbed/p && echo w > /workspace/w && rm -f /etc/hostname")
+    snap = node.snapshot(parent)
+    child = node.create(snap)  # the suite's roots really are a fork's: the parent's files, its deletion
+    assert node.sh(child, "cat /testbed/p /workspace/w; test -e /etc/hostname || echo gone") == "parent\nw\ngone\n"
+    node.close()
+    yield node.snaps.store.layer_dir(snap.snapshot_id)
+
+
+@pytest.fixture(params=["host", "image", "fork"])
+def spec(request: pytest.FixtureRequest, image_dir: Path, fork_layer: Path) -> SpecMaker:
+    """The escape suite on the host root, an image root and a forked env's root."""
+    if request.param == "fork":
+        return SpecMaker(image_dir, (fork_layer,))
+    return SpecMaker(image_dir if request.param == "image" else None)
 
 
 @pytest.fixture

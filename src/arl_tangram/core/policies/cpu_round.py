@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from arl_tangram.core import ledger
+from arl_tangram.core import ledger, snapshots
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
@@ -60,6 +60,7 @@ def collect(
     reserved: set[str] = set()
     taken = scanned = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
+    fenced: set[str] = set()  # envs an exclusive action (snapshot, rollback) holds this round
     for qa in share_order(ed, "queue_cpu"):  # the hot loop of a round: kept lean on purpose
         scanned += 1
         if scanned > scan_limit:
@@ -69,6 +70,8 @@ def collect(
             env = envs.get(spec.binding.name)
             if env is None or not env.ready or env.node_id not in free:
                 continue  # its env is not ready yet
+            if snapshots.blocked(ed, spec, fenced):
+                continue  # a snapshot or rollback of its env goes first, alone
             node_id: str | None = env.node_id
             if not every_node and node_id not in touched:
                 continue  # its node's plan from an earlier round stands

@@ -35,6 +35,10 @@ def place_spread(ed: StateEditor, cause: str, cores_held: int = 0) -> list[Decis
         fits = [
             n for n in sorted(ed.cpu) if ed.cpu[n].free_mem_bytes >= held.mem_bytes and ed.cpu[n].free_millicores >= cores_held
         ]  # fmt: skip
+        if env.spec.fork_of:  # a fork's child: on its parent's node, where the snapshot is
+            parent = ed.envs.get(env.spec.fork_of)
+            if parent is not None and parent.node_id is not None:  # gone: its node's create fails, naming the snapshot
+                fits = [n for n in fits if n == parent.node_id]
         if not fits:
             break  # FCFS: later envs wait behind the first that does not fit
         reason = "spread: most free capacity"

@@ -109,8 +109,11 @@ def image_bwrap_argv(
         "--bind", f"{STAGE_DIR}/root", "/",
         "--proc", "/proc", "--dev", "/dev", "--size", str(dev_bytes), "--tmpfs", "/dev/shm",
         "--ro-bind", f"{STAGE_DIR}/init", INIT_PATH,
-        "--perms", ws_perms, "--size", str(workspace_bytes), "--tmpfs", workspace,
-        "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+        # the workspace and /tmp are directories of the overlay, not tmpfs mounts of their
+        # own: the writable layer then holds everything the env can write, which is what a
+        # snapshot freezes (``writable_bytes`` bounds all three; ``workspace_bytes`` and
+        # ``tmp_bytes`` apply to host-root sandboxes only)
+        "--perms", ws_perms, "--dir", workspace, "--perms", "1777", "--dir", "/tmp",
         "--dir", root.working_dir,  # made in the upper when the image lacks it, as Docker does
         "--chdir", "/", "--remount-ro", "/dev", "--new-session", "--info-fd", str(info_fd), "--", INIT_PATH, "init", str(ready_fd),
     ]  # fmt: skip

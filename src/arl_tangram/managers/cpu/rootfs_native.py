@@ -8,7 +8,9 @@ usage: helper N CGFILE... STAGE UPPER_BYTES SHIFT COUNT M LOWER... -- BWRAP_ARGV
      the sandbox from the start);
   2. unshares a mount namespace (all mounts private), mounts a tmpfs of UPPER_BYTES at STAGE
      holding upper/, work/ and root/, and mounts the overlay of the M lower dirs (given
-     LOWEST first; overlay wants the top first) on STAGE/root, and binds itself at
+     LOWEST first; overlay wants the top first) on STAGE/root (redirect_dir=off: a renamed
+     lower directory is copied up whole, so an upper is a self-contained layer a snapshot
+     can freeze and stack anywhere), and binds itself at
      STAGE/init (bwrap's unprivileged uid could not reach the compiler cache). The lowers are reached
      through short symlinks in STAGE, so neither path length nor ':' or ',' in a path
      matter. The mounts live only in this namespace: they vanish with the sandbox's last
@@ -89,7 +91,7 @@ static void mount_root(const char *stage, const char *upper_bytes, int m, char *
         used += (size_t)snprintf(opts + used, sizeof opts - used, "%s%d", k == m - 1 ? "" : ":", k);
         if (used >= sizeof opts) { errno = E2BIG; die("too many layers", NULL); }
     }
-    snprintf(opts + used, sizeof opts - used, ",upperdir=../upper,workdir=../work");
+    snprintf(opts + used, sizeof opts - used, ",upperdir=../upper,workdir=../work,redirect_dir=off");
     if (chdir("l") != 0) die("chdir", "l");
     if (mount("overlay", "../root", "overlay", MS_NOSUID | MS_NODEV, opts) != 0) die("mount overlay", stage);
     if (chdir("/") != 0) die("chdir", "/");

@@ -187,6 +187,22 @@ class Sandbox:
                 raise SandboxDeadError(f"sandbox {self.sandbox_id}: init is gone")
             return fd
 
+    def open_stage(self, stage_dir: str) -> int:
+        """An O_PATH fd of an image root's stage (the tmpfs holding its writable upper), as
+        the bubblewrap monitor sees it: the monitor stays in the mount namespace the helper
+        made, where the stage is mounted. Checked against a recycled pid (the monitor is our
+        child, so its pid is not reused before we reap it). The caller closes it."""
+        with self.lock:
+            self.ensure_usable()
+            proc = self._proc
+            if proc is None or self.layout.root is None:
+                raise SandboxDeadError(f"sandbox {self.sandbox_id} has no image root")
+            fd = os.open(f"/proc/{proc.pid}/root{stage_dir}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            if proc.poll() is not None:
+                os.close(fd)
+                raise SandboxDeadError(f"sandbox {self.sandbox_id}: its monitor is gone")
+            return fd
+
     def destroy(self) -> list[str]:
         """Kill every process, wait for the init, remove the cgroups. Idempotent; never
         raises for cleanup trouble: returns what could not be cleaned (empty = all gone)."""

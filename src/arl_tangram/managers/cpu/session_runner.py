@@ -138,6 +138,11 @@ class SessionRegistry:
         session.close_pipes()
         session.sandbox.end(session.slot, keep="free")
 
+    def count(self, sandbox_id: str) -> int:
+        """How many sessions of ``sandbox_id`` are open."""
+        with self._lock:
+            return sum(1 for s in self._sessions.values() if s.sandbox.sandbox_id == sandbox_id)
+
     def forget_sandbox(self, sandbox_id: str) -> None:
         """Drop the sessions of a sandbox being destroyed (its destroy kills their shells;
         runs in progress end cancelled)."""
