@@ -7,7 +7,6 @@ fresh writable layer on the parent's snapshot, placed on the parent's node);
 ``POST /sandboxes/{id}/snapshots {name}`` -> 201 ``{"snapshotID", "names"}``; ``GET
 /snapshots`` lists the tenant's; ``DELETE /templates/{snapshotID}`` drops one; a snapshot id
 is a template: ``POST /v2/sandboxes {"templateID": <snapshotID>}`` starts a sandbox from it.
-Until the runtime has snapshots (its ``Env`` has no ``fork``) these answer 501.
 """
 
 from __future__ import annotations
@@ -46,10 +45,7 @@ class E2bSnapshot:
 def _env(e2b: E2bState, sb: E2bSandbox) -> Any:
     """The SDK's handle on the sandbox's env, in process (never closed: the runtime is the server's)."""
     client = AsyncClient(InProcessTransport(e2b.api.runtime), tenant=sb.tenant)
-    env = Env(client, sb.internal, "")
-    if not hasattr(env, "fork"):
-        raise E2bError(501, "fork and snapshots need the runtime's snapshot support (the fork issue)")
-    return env
+    return Env(client, sb.internal, "")
 
 
 def _child(e2b: E2bState, parent: E2bSandbox, env: Any, timeout_s: int) -> dict[str, Any]:
@@ -93,10 +89,7 @@ async def _delete(request: Request, template_id: str) -> Response:
     if entry is None or entry.tenant != tenant:
         raise E2bError(404, f"template {template_id!r} not found")
     client = AsyncClient(InProcessTransport(e2b.api.runtime), tenant=tenant)
-    delete = getattr(client, "delete_snapshot", None)
-    if delete is None:
-        raise E2bError(501, "deleting a snapshot needs the runtime's snapshot support")
-    await delete(entry.handle)
+    await client.delete_snapshot(entry.handle)
     del e2b.snapshots[template_id]
     return Response(status_code=204)
 
@@ -104,7 +97,7 @@ async def _delete(request: Request, template_id: str) -> Response:
 async def create_from_snapshot(e2b: E2bState, tenant: str, entry: Any, body: dict[str, Any], timeout_s: int) -> Response:
     """``POST /v2/sandboxes`` whose ``templateID`` is one of the tenant's snapshots."""
     client = AsyncClient(InProcessTransport(e2b.api.runtime), tenant=tenant)
-    env = await client.create_env(snapshot=entry.handle, memory=e2b.config.mem_bytes)  # type: ignore[call-arg]
+    env = await client.create_env(snapshot=entry.handle, memory=e2b.config.mem_bytes)
     metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
     env_vars = {str(k): str(v) for k, v in (body.get("envVars") or {}).items()}
     sb = E2bSandbox(new_sandbox_id(), tenant, env.env_id, entry.snapshot_id, "snapshot", metadata, env_vars, e2b.config.cpu)

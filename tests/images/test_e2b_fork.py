@@ -1,39 +1,33 @@
 """E2B's fork and snapshots through the unchanged ``e2b`` SDK, over the runtime's own
-snapshot/fork: children see the parent's files as they were, diverge on their own, and a
-snapshot is a template a new sandbox starts from. Runs once the fork issue has landed."""
+snapshot/fork: on an image template, children see the parent's files as they were and
+diverge on their own, and a snapshot is a template a new sandbox starts from."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from arl_tangram.api.server import ServerThread
-from arl_tangram.client.client import Env
-from arl_tangram.runtime.config import TangramConfig
 from arl_tangram.runtime.config_e2b import E2bConfig
-from tests.compat.conftest import needs_sandbox_host, serve_compat
+from tests.compat.conftest import serve_compat
+from tests.images.kit import ImageKit
 
 pytest.importorskip("e2b", reason="the e2b client package is not installed")
 from e2b import Sandbox  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not hasattr(Env, "fork"), reason="fork issue not merged")
-CONFIG = TangramConfig(e2b=E2bConfig(mem_bytes=256 << 20, templates={"base": "host"}))
-
-
-@pytest.fixture(scope="module")
-def e2b_server() -> Iterator[ServerThread]:
-    needs_sandbox_host()
-    with serve_compat(CONFIG) as s:
-        yield s
+pytestmark = pytest.mark.usefixtures("sandbox_host")
 
 
 @pytest.fixture
-def api(e2b_server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"{e2b_server.url}/e2b"
-    for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", "e2b_" + "0" * 40)):
-        monkeypatch.setenv(name, value)
-    return url
+def api(image_kit: ImageKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    config = image_kit.config(tmp_path / "store")
+    config = type(config)(images=config.images, e2b=E2bConfig(mem_bytes=256 << 20, templates={"base": image_kit.reference}))
+    with serve_compat(config) as server:
+        url = f"{server.url}/e2b"
+        for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", "e2b_" + "0" * 40)):
+            monkeypatch.setenv(name, value)
+        yield url
 
 
 def test_fork_children_start_from_the_parent_and_diverge(api: str) -> None:
