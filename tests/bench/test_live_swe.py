@@ -1,0 +1,130 @@
+"""``arl-tangram bench live``'s SWE workload at CI size (T = 1, G = 2, a light repo): the
+task repos' verdicts, every rollout finishing with the right reward on real task images,
+the pod systems' real cgroup reservations, a spike over a ``k8s-burstable-fit`` pod's limit
+ending ``oom_killed`` (its reward lost), and, once fork lands, forked rollouts starting from
+the set-up state. The suite's ``no_leftovers`` fixture checks nothing is left running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import arl_tangram
+from arl_tangram.bench.live import swe
+from arl_tangram.bench.live.common import Progress
+from arl_tangram.bench.live.swe_images import host_base
+from arl_tangram.bench.live.swe_plan import SweConfig, make_plans
+from arl_tangram.bench.live.swe_repo import BUG_KINDS, RepoConfig, make_task
+from arl_tangram.bench.live.swe_rollout import HAS_FORK, SETUP_MARKER, RolloutContext
+from arl_tangram.client.client import Env
+
+LIGHT = RepoConfig(fast_tests=6, heavy_tests=2, heavy_work=2_000, setup_work=20_000, sieve_limit=200_000)
+SMALL = SweConfig(num_tasks=1, group_size=2, think_mean_s=0.02, spike_mib=320, budget_bytes=512 << 20, repo=LIGHT)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> swe.Prepared:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (overlay mounts, shifted owners)")
+    work = tmp_path_factory.mktemp("swe")
+    return swe.prepare(SMALL, host_base(work), work / "store", work / "cache")
+
+
+def _run_py(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["python3", *args], cwd=repo, capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"]})
+
+
+@pytest.mark.parametrize("index", range(len(BUG_KINDS)))
+def test_every_bug_kind_fails_before_the_fix_and_only_the_right_fix_passes_the_hidden_tests(tmp_path: Path, index: int) -> None:
+    task = make_task(index, 0, LIGHT)
+    for rel, text in task.files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert _run_py(tmp_path, "run_tests.py").returncode == 1, "the package must not import before set-up"
+    assert _run_py(tmp_path, "setup_dev.py").returncode == 0
+    assert json.loads((tmp_path / ".setup-done").read_text())["compiled"] is True
+    visible = _run_py(tmp_path, "run_tests.py")
+    assert visible.returncode == 1 and json.loads(visible.stdout)["failed"], "the shipped bug fails a visible test"
+    (tmp_path / "hidden_test.py").write_text(task.hidden_tests)
+    for core, hidden_passes in ((task.wrong_core, False), (task.fixed_core, True)):
+        (tmp_path / "taskpkg/core.py").write_text(core)
+        assert _run_py(tmp_path, "run_tests.py").returncode == 0, "both edits pass the visible suite"
+        assert (_run_py(tmp_path, "run_tests.py", "hidden_test.py").returncode == 0) is hidden_passes
+
+
+def test_plans_make_half_of_every_group_right() -> None:
+    plans = make_plans(replace(SMALL, num_tasks=3, group_size=8))
+    for t in range(3):
+        assert sum(p.right for p in plans if p.task_index == t) == 4
+
+
+def test_every_rollout_finishes_with_the_right_verdict_and_a_fit_pods_spike_is_oom_killed(
+    prepared: swe.Prepared, sandbox_host: None
+) -> None:
+    config = replace(SMALL, systems=("k8s-spec", "k8s-burstable-fit", "tangram"))
+    result = asyncio.run(swe.run_async(config, Progress(min_interval_s=60), prepared))
+    per = result.summary["per_system"]
+    for system in ("k8s-spec", "tangram"):
+        assert per[system]["rollouts_finished"] == 2 and per[system]["markers_ok"] == 2
+        assert per[system]["rewards_correct"] == 1.0 and per[system]["oom_killed"] == 0, system
+    fit = per["k8s-burstable-fit"]  # 256 MiB pods (512 MiB budget / 2) and a 320 MiB spike
+    assert fit["rollouts_finished"] == 2 and fit["oom_killed"] == 2 and fit["rewards_lost"] == 2
+    assert result.summary["best_baseline"] == "k8s-spec" and result.summary["baseline_lost_no_reward"] is True
+    assert result.summary["rewards_correct"] == 1.0 and result.summary["oom_killed_tangram"] == 0
+    assert len(result.run_of("tangram").act_s) == 2 * 7  # type: ignore[union-attr]
+
+
+def _cgroup_file(tg: arl_tangram.AsyncClient, env: Env, controller: str, name: str) -> str:
+    cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
+    group = cpu.get_sandbox(env.env_id).group
+    return Path(cpu.driver._path(controller, group, name)).read_text().strip()
+
+
+@pytest.mark.parametrize("system", ["k8s-spec", "k8s-guaranteed-fit", "k8s-burstable-fit"])
+def test_pod_systems_hold_their_reservations_in_the_cgroups(prepared: swe.Prepared, sandbox_host: None, system: str) -> None:
+    pod = SMALL.pod_size(system, swe.pool_cores())
+
+    async def main() -> None:
+        cfg = swe.system_config(system, SMALL, swe.pool_cores(), prepared.store_path)
+        async with arl_tangram.connect(config=cfg) as tg:
+            env = await tg.create_env(image=prepared.references["swe-00"], memory=pod.mem_bytes)
+            async with env:
+                if not pod.guaranteed:
+                    cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
+                    await asyncio.to_thread(cpu.hold, env.env_id, pod.millicores, limit=False)
+                assert int(_cgroup_file(tg, env, "memory", "memory.limit_in_bytes")) == pod.mem_bytes
+                quota = int(_cgroup_file(tg, env, "cpu", "cpu.cfs_quota_us"))
+                period = int(_cgroup_file(tg, env, "cpu", "cpu.cfs_period_us"))
+                if pod.guaranteed:
+                    assert quota == pod.millicores * period // 1000, "a Guaranteed pod's request is its CPU limit"
+                else:
+                    assert quota == -1, "a Burstable pod has no CPU limit"
+                    assert int(_cgroup_file(tg, env, "cpu", "cpu.shares")) == pod.millicores * 1024 // 1000
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not HAS_FORK, reason="needs env.fork (issue 20)")
+def test_forked_rollouts_start_from_the_set_up_state(prepared: swe.Prepared, sandbox_host: None) -> None:
+    async def main() -> None:
+        cfg = swe.system_config("tangram", SMALL, swe.pool_cores(), prepared.store_path)
+        async with arl_tangram.connect(config=cfg) as tg:
+            ctx = RolloutContext("tangram", SMALL, swe.pool_cores(), time.monotonic())
+            envs, outs = await swe.setup_group(ctx, tg, prepared.references["swe-00"], make_plans(SMALL))
+            try:
+                assert len(envs) == 2 and len({e.env_id for e in envs}) == 2
+                assert [len(o.setup) for o in outs] == [1, 0], "only the group's first env ran the set-up"
+                for env in envs:
+                    assert b'"digest"' in await env.read_file(SETUP_MARKER)
+            finally:
+                for env in envs:
+                    await env.release()
+
+    asyncio.run(main())
