@@ -26,7 +26,10 @@ from arl_tangram.bench.live.swe_rollout import HAS_FORK, SETUP_MARKER, RolloutCo
 from arl_tangram.client.client import Env
 
 LIGHT = RepoConfig(fast_tests=6, heavy_tests=2, heavy_work=2_000, setup_work=20_000, sieve_limit=200_000)
-SMALL = SweConfig(num_tasks=1, group_size=2, think_mean_s=0.02, spike_mib=320, budget_bytes=512 << 20, repo=LIGHT)
+# scaled down in proportion: a 1 GiB budget, 1 GiB spec pods, 512 MiB fit pods (1 GiB / 2)
+# and a 600 MiB spike over them; tangram's envs at a 768 MiB limit
+SMALL = SweConfig(num_tasks=1, group_size=2, think_mean_s=0.02, budget_bytes=1 << 30, spec_mem_bytes=1 << 30,
+                  tangram_env_limit_bytes=768 << 20, repo=LIGHT)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ def test_every_rollout_finishes_with_the_right_verdict_and_a_fit_pods_spike_is_o
     for system in ("k8s-spec", "tangram"):
         assert per[system]["rollouts_finished"] == 2 and per[system]["markers_ok"] == 2
         assert per[system]["rewards_correct"] == 1.0 and per[system]["oom_killed"] == 0, system
-    fit = per["k8s-burstable-fit"]  # 256 MiB pods (512 MiB budget / 2) and a 320 MiB spike
+    fit = per["k8s-burstable-fit"]  # 512 MiB pods and a 600 MiB spike
     assert fit["rollouts_finished"] == 2 and fit["oom_killed"] == 2 and fit["rewards_lost"] == 2
     assert result.summary["best_baseline"] == "k8s-spec" and result.summary["baseline_lost_no_reward"] is True
     assert result.summary["rewards_correct"] == 1.0 and result.summary["oom_killed_tangram"] == 0
@@ -107,6 +110,19 @@ def test_pod_systems_hold_their_reservations_in_the_cgroups(prepared: swe.Prepar
                 else:
                     assert quota == -1, "a Burstable pod has no CPU limit"
                     assert int(_cgroup_file(tg, env, "cpu", "cpu.shares")) == pod.millicores * 1024 // 1000
+
+    asyncio.run(main())
+
+
+def test_every_system_runs_on_one_memory_budget(prepared: swe.Prepared, sandbox_host: None) -> None:
+    async def main() -> None:
+        cfg = swe.system_config("tangram", SMALL, swe.pool_cores(), prepared.store_path)
+        async with arl_tangram.connect(config=cfg) as tg:
+            agent = tg.transport.runtime.agent  # type: ignore[attr-defined]
+            assert agent.cpu_node_spec().mem_bytes == SMALL.budget_bytes, "the scheduler places within the budget"
+            assert swe.limit_run_memory(tg, SMALL.budget_bytes)
+            root = Path(agent.cpu.driver._path("memory"))
+            assert int((root / "memory.limit_in_bytes").read_text()) == SMALL.budget_bytes, "a cgroup around the run"
 
     asyncio.run(main())
 

@@ -41,7 +41,7 @@ from arl_tangram.bench.live.swe_rollout import (
 )
 from arl_tangram.client import AsyncClient
 from arl_tangram.client.client import Env
-from arl_tangram.runtime.config import SchedulerConfig, TangramConfig
+from arl_tangram.runtime.config import CpuConfig, SchedulerConfig, TangramConfig
 from arl_tangram.runtime.config_images import ImagesConfig, make_image_store
 
 WORKLOAD = "swe"
@@ -95,11 +95,28 @@ async def run_async(config: SweConfig, progress: Progress, prepared: Prepared | 
 
 
 def system_config(system: str, config: SweConfig, cores: int, store_path: Path) -> TangramConfig:
-    images = ImagesConfig(store_path=str(store_path))
+    """``system``'s runtime: its policy, the task images' store, and the node's sandbox
+    memory set to the run's budget (what the scheduler may place)."""
+    images, cpu = ImagesConfig(store_path=str(store_path)), CpuConfig(node_mem_bytes=config.budget_bytes)
     if system == "tangram":
-        return TangramConfig(scheduler=SchedulerConfig("elastic"), images=images)
+        return TangramConfig(scheduler=SchedulerConfig("elastic"), cpu=cpu, images=images)
     pod = config.pod_size(system, cores)
-    return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": pod.millicores}), images=images)
+    return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": pod.millicores}), cpu=cpu, images=images)
+
+
+def limit_run_memory(tg: AsyncClient, budget_bytes: int) -> bool:
+    """The cgroup around the run: the memory limit of the CPU manager's root group, above
+    every sandbox's own, so the host's other work never decides what fits (cgroup v1 with
+    hierarchical accounting; elsewhere False and only the scheduler keeps to the budget)."""
+    cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
+    driver = cpu.driver
+    if getattr(driver, "version", None) != 1:
+        return False
+    root = Path(driver._path("memory"))  # the manager's root group (no public accessor yet)
+    if (root / "memory.use_hierarchy").read_text().strip() != "1":
+        return False
+    (root / "memory.limit_in_bytes").write_text(str(budget_bytes))
+    return True
 
 
 async def run_system(
@@ -109,6 +126,7 @@ async def run_system(
     (outcomes, step seconds: first rollout start to last reward)."""
     ctx = RolloutContext(system, config, cores, t0)
     async with arl_tangram.connect(config=system_config(system, config, cores, prepared.store_path), tenant=WORKLOAD) as tg:
+        limit_run_memory(tg, config.budget_bytes)
         async with asyncio.TaskGroup() as group:
             if system == "tangram":
                 tasks = [group.create_task(_tangram_group(ctx, tg, prepared, [p for p in plans if p.task_index == t], progress))
@@ -150,35 +168,32 @@ async def _pod_rollout(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared,
 
 
 async def setup_group(ctx: RolloutContext, tg: AsyncClient, image: str, plans: list[RolloutPlan]) -> tuple[list[Env], list[RolloutOutcome]]:
-    """Tangram's set-up of one GRPO group: one env, set up once, then forked G-1 times (the
-    children start from the set-up state); without fork (issue 20 not merged yet) every
-    member gets its own env and set-up, as the pods do. Returns the G envs (member order)
-    and their outcomes with the set-up time shared over the group."""
-    outs = [RolloutOutcome(p, ctx.now(), reserved_mem_bytes=0 if ctx.per_action_memory else ctx.config.tangram_env_limit_bytes)
-            for p in plans]  # fmt: skip
-    limit = ctx.config.tangram_env_limit_bytes
-    if HAS_FORK:
-        parent = await tg.create_env(image=image, memory=limit, trajectory_id=plans[0].rollout_id)
-        ready_s = ctx.now()
-        s = await setup(ctx, parent, outs[0].setup)
-        children = await parent.fork(len(plans) - 1)  # type: ignore[attr-defined]
-        envs = [parent, *children]
-        share_s = (ctx.now() - ready_s) / len(plans)  # one setup plus the forks, over G
-        for o in outs:
-            o.env_ready_s, o.setup_s, o.lost = ready_s, share_s, int(s.outcome != "succeeded")
-        return envs, outs
-    envs = list(await asyncio.gather(*(tg.create_env(image=image, memory=limit, trajectory_id=p.rollout_id) for p in plans)))
+    """Tangram's set-up of one GRPO group (needs ``Env.fork``, issue 20): one env, set up
+    once, then forked G-1 times, so the children start from the set-up state. Returns the
+    G envs (member order) and their outcomes, each charged one setup plus the forks over G."""
+    outs = [RolloutOutcome(p, ctx.now(), reserved_mem_bytes=_tangram_env_reserved(ctx)) for p in plans]
+    parent = await tg.create_env(image=image, memory=ctx.config.tangram_env_limit_bytes, trajectory_id=plans[0].rollout_id)
     ready_s = ctx.now()
+    s = await setup(ctx, parent, outs[0].setup)
+    children = await parent.fork(len(plans) - 1)  # type: ignore[attr-defined]
+    share_s = (ctx.now() - ready_s) / len(plans)
     for o in outs:
-        o.env_ready_s = ready_s
-    results = await asyncio.gather(*(setup(ctx, env, o.setup) for env, o in zip(envs, outs, strict=True)))
-    for r, o in zip(results, outs, strict=True):
-        o.setup_s, o.lost = r.act_s, int(r.outcome != "succeeded")
-    return envs, outs
+        o.env_ready_s, o.setup_s, o.lost = ready_s, share_s, int(s.outcome != "succeeded")
+    return [parent, *children], outs
+
+
+def _tangram_env_reserved(ctx: RolloutContext) -> int:
+    """What a tangram env holds for its life: its limit until memory is granted per action."""
+    return 0 if ctx.per_action_memory else ctx.config.tangram_env_limit_bytes
 
 
 async def _tangram_group(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared, plans: list[RolloutPlan], progress: Progress) -> list[RolloutOutcome]:
+    """One group on tangram: set up once and forked where fork exists; without it (issue 20
+    not merged) every member gets its own env and set-up, one after another as memory
+    frees (holding G envs before any member runs could wait forever on the budget)."""
     task = prepared.tasks[plans[0].task_index]
+    if not HAS_FORK:
+        return list(await asyncio.gather(*(_tangram_alone(ctx, tg, prepared, p, progress) for p in plans)))
     envs, outs = await setup_group(ctx, tg, prepared.references[task.task_id], plans)
     try:
         async with asyncio.TaskGroup() as group:
@@ -188,6 +203,18 @@ async def _tangram_group(ctx: RolloutContext, tg: AsyncClient, prepared: Prepare
         for env in envs:
             await env.release()
     return outs
+
+
+async def _tangram_alone(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared, plan: RolloutPlan, progress: Progress) -> RolloutOutcome:
+    task = prepared.tasks[plan.task_index]
+    out = RolloutOutcome(plan, ctx.now(), reserved_mem_bytes=_tangram_env_reserved(ctx))
+    limit = ctx.config.tangram_env_limit_bytes
+    async with await tg.create_env(image=prepared.references[task.task_id], memory=limit, trajectory_id=plan.rollout_id) as env:
+        out.env_ready_s = ctx.now()
+        s = await setup(ctx, env, out.setup)
+        out.setup_s, out.lost = s.act_s, int(s.outcome != "succeeded")
+        await _member(ctx, env, task, out, progress)
+    return out
 
 
 async def _member(ctx: RolloutContext, env: Env, task: SweTask, out: RolloutOutcome, progress: Progress) -> None:
