@@ -15,7 +15,7 @@ from typing import Any
 
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 
-WORKLOADS = ("coding", "mopd", "deepsearch")
+WORKLOADS = ("swe", "coding", "mopd", "deepsearch")  # swe first: the agentic-RL workload people train on
 MIB = 1 << 20
 
 
