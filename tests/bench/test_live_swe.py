@@ -97,11 +97,8 @@ def test_pod_systems_hold_their_reservations_in_the_cgroups(prepared: swe.Prepar
     async def main() -> None:
         cfg = swe.system_config(system, SMALL, swe.pool_cores(), prepared.store_path)
         async with arl_tangram.connect(config=cfg) as tg:
-            env = await tg.create_env(image=prepared.references["swe-00"], memory=pod.mem_bytes)
-            async with env:
-                if not pod.guaranteed:
-                    cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
-                    await asyncio.to_thread(cpu.hold, env.env_id, pod.millicores, limit=False)
+            env = await swe.open_pod(tg, pod, prepared.references["swe-00"])
+            try:
                 assert int(_cgroup_file(tg, env, "memory", "memory.limit_in_bytes")) == pod.mem_bytes
                 quota = int(_cgroup_file(tg, env, "cpu", "cpu.cfs_quota_us"))
                 period = int(_cgroup_file(tg, env, "cpu", "cpu.cfs_period_us"))
@@ -110,6 +107,8 @@ def test_pod_systems_hold_their_reservations_in_the_cgroups(prepared: swe.Prepar
                 else:
                     assert quota == -1, "a Burstable pod has no CPU limit"
                     assert int(_cgroup_file(tg, env, "cpu", "cpu.shares")) == pod.millicores * 1024 // 1000
+            finally:
+                await env.release()
 
     asyncio.run(main())
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import arl_tangram
-from arl_tangram.bench.image_kit import CACHE_DIR, debian_base_tar
+from arl_tangram.bench.image_kit import CACHE_DIR
 from arl_tangram.bench.live import swe_images
 from arl_tangram.bench.live.common import LiveOptions, Progress, WorkloadResult
-from arl_tangram.bench.live.swe_plan import RolloutPlan, SweConfig, make_plans
+from arl_tangram.bench.live.swe_plan import PodSize, RolloutPlan, SweConfig, make_plans
 from arl_tangram.bench.live.swe_repo import SweTask, make_task
 from arl_tangram.bench.live.swe_result import workload_result
 from arl_tangram.bench.live.swe_rollout import (
@@ -55,6 +55,7 @@ class Prepared:
     tasks: list[SweTask]
     references: dict[str, str]
     store_path: Path
+    base: str = ""  # which base root the images share
 
 
 def pool_cores() -> int:
@@ -62,12 +63,14 @@ def pool_cores() -> int:
 
 
 def prepare(config: SweConfig, base: Path | None = None, store_path: Path = STORE, cache_dir: Path = CACHE_DIR) -> Prepared:
-    """Build (or reuse) the task images over ``base`` (default: the cached Debian root) and
+    """Build (or reuse) the task images over ``base`` (default: the cached Debian root, else
+    a root of the host's files: ``swe_images.default_base``) and
     import them into the store at ``store_path`` before any runtime opens it."""
     tasks = [make_task(i, config.seed, config.repo) for i in range(config.num_tasks)]
-    images = swe_images.build_layout(base or debian_base_tar(), tasks, cache_dir)
+    base, base_name = (base, base.name) if base is not None else swe_images.default_base(cache_dir)
+    images = swe_images.build_layout(base, tasks, cache_dir)
     swe_images.import_all(make_image_store(ImagesConfig(store_path=str(store_path))), images)
-    return Prepared(tasks, images.references, store_path)
+    return Prepared(tasks, images.references, store_path, base_name)
 
 
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
@@ -81,16 +84,17 @@ async def run_async(config: SweConfig, progress: Progress, prepared: Prepared | 
     progress.start(WORKLOAD, config.batch * len(config.systems))
     progress.note(WORKLOAD, f"building {config.num_tasks} task images over the cached base")
     started = time.monotonic()
-    prepared = prepared or await asyncio.to_thread(prepare, config)
+    ready: Prepared = prepared if prepared is not None else await asyncio.to_thread(prepare, config)
     prepare_s = time.monotonic() - started
     plans = make_plans(config)
     t0 = time.monotonic()
     runs: dict[str, tuple[list[RolloutOutcome], float]] = {}
     for system in config.systems:
         progress.note(WORKLOAD, f"system {system}: {len(plans)} rollouts")
-        runs[system] = await run_system(system, config, prepared, plans, cores, t0, progress)
+        runs[system] = await run_system(system, config, ready, plans, cores, t0, progress)
     result = workload_result(runs, config, cores)
     result.summary["prepare_s"] = prepare_s
+    result.summary["base_image"] = ready.base
     return result
 
 
@@ -142,20 +146,30 @@ async def _as_list(call: Awaitable[RolloutOutcome]) -> list[RolloutOutcome]:
     return [await call]
 
 
+async def open_pod(tg: AsyncClient, pod: PodSize, image: str, trajectory_id: str = "") -> Env:
+    """A pod: an env of the pod's memory limit on a ``k8s-static`` runtime (which holds its
+    CPU request as a Guaranteed quota for its life, Pending while the node is full); a
+    Burstable pod's request then becomes a cpu.shares weight with no quota, on all cpus."""
+    env = await tg.create_env(image=image, memory=pod.mem_bytes, trajectory_id=trajectory_id)
+    if not pod.guaranteed:
+        cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
+        try:
+            await asyncio.to_thread(cpu.hold, env.env_id, pod.millicores, limit=False)
+        except BaseException:
+            await env.release()
+            raise
+    return env
+
+
 async def _pod_rollout(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared, plan: RolloutPlan, progress: Progress) -> RolloutOutcome:
     """A pod per rollout: create it (Pending while the node is full), set it up, run the
     rollout, release it. Its reservation runs from its start to its release."""
     task = prepared.tasks[plan.task_index]
     pod = ctx.config.pod_size(ctx.system, ctx.pool_cores)
     out = RolloutOutcome(plan, ctx.now(), reserved_mem_bytes=pod.mem_bytes, reserved_millicores=pod.millicores)
-    env = await tg.create_env(image=prepared.references[task.task_id], memory=pod.mem_bytes, trajectory_id=plan.rollout_id)
+    env = await open_pod(tg, pod, prepared.references[task.task_id], plan.rollout_id)
     out.env_ready_s = ctx.now()
     try:
-        if not pod.guaranteed:
-            # Burstable: the request becomes a cpu.shares weight with no quota, on all cpus,
-            # replacing the Guaranteed holding the k8s-static policy placed the pod with
-            cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
-            await asyncio.to_thread(cpu.hold, env.env_id, pod.millicores, limit=False)
         s = await setup(ctx, env, out.setup)
         out.setup_s = s.act_s
         if s.outcome != "succeeded":

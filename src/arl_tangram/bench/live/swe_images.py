@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from arl_tangram.bench.image_kit import CACHE_DIR, HOST_BINS, Layout, copy_host_root
+from arl_tangram.bench.image_kit import CACHE_DIR, DEBIAN_BASE, HOST_BINS, Layout, copy_host_root
 from arl_tangram.bench.live.swe_repo import SweTask
 
 REGISTRY_HOST = "127.0.0.1:5000"  # a name only: images are imported from the layout, never pulled
@@ -66,6 +66,17 @@ def host_base(work: Path) -> Path:
         (root / "etc/group").write_text("root:x:0:\n")
         _tar(root, work / "host-base.tar")
     return work / "host-base.tar"
+
+
+def default_base(cache_dir: Path = CACHE_DIR) -> tuple[Path, str]:
+    """(root tar, its name): the cached Debian bookworm + python3 base (``bench images``
+    builds it once, from Debian's mirror), else a small root of the host's files, so the
+    demo never reaches the network."""
+    if DEBIAN_BASE.exists():
+        return DEBIAN_BASE, "debian-bookworm-python3"
+    work = cache_dir / "swe-host-base"
+    work.mkdir(parents=True, exist_ok=True)
+    return host_base(work), "host-files-python3"
 
 
 def _key(base: Path, tasks: Sequence[SweTask]) -> str:
