@@ -143,3 +143,16 @@ def test_forked_rollouts_start_from_the_set_up_state(prepared: swe.Prepared, san
                     await env.release()
 
     asyncio.run(main())
+
+
+def test_the_report_ends_with_a_short_table_and_a_sentence_per_workload() -> None:
+    from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+    from arl_tangram.bench.live.report import render
+
+    runs = [SystemRun("tangram", [1.0], [0.0], [1.0], [0.0], 10.0), SystemRun("k8s-spec", [3.0], [0.0], [3.0], [0.0], 20.0)]
+    summary = {"act_gain": 3.0, "step_gain": 1.02, "best_baseline": "k8s-spec", "reserved_ratio": 0.3,
+               "baseline_lost_no_reward": True, "per_system": {"k8s-burstable-fit": {"rewards_lost": 16.0}}}  # fmt: skip
+    text = render([WorkloadResult("swe", runs, summary, {})], {}, {}, 1.0)
+    short = text[text.index("== in short =="):]
+    assert "k8s-spec" in short and "3.00x" in short and "0.30" in short and "k8s-burstable-fit: 16 rewards" in short
+    assert "swe: against k8s-spec, ARL-Tangram wins on ACT 3.00x; it does not win on step time." in short

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+from arl_tangram.bench.live.headline import headline
 
 WORKLOADS = ("swe", "coding", "mopd", "deepsearch")  # swe first: the agentic-RL workload people train on
 MIB = 1 << 20
@@ -77,6 +78,8 @@ def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck:
         for name, row in simcheck.items():
             lines.append(f"{name:<12} {row['sim_mean_act_s']:>10.3f} {row['live_mean_act_s']:>11.3f} {row['ratio']:>9.2f}")
         parts.append("\n".join(lines))
+    if results:
+        parts.append(headline(results))
     parts.append(f"wall time: {wall_s:.1f} s")
     return "\n\n".join(parts)
 
