@@ -156,3 +156,12 @@ def test_the_report_ends_with_a_short_table_and_a_sentence_per_workload() -> Non
     short = text[text.index("== in short =="):]
     assert "k8s-spec" in short and "3.00x" in short and "0.30" in short and "k8s-burstable-fit: 16 rewards" in short
     assert "swe: against k8s-spec, ARL-Tangram wins on ACT 3.00x; it does not win on step time." in short
+
+
+def test_the_plots_show_memory_reserved_and_used_over_time(tmp_path: Path) -> None:
+    from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+    from arl_tangram.bench.live.report import write_plots
+
+    run = SystemRun("k8s-spec", [1.0], [0.0], [1.0], [0.0], 2.0, mem_reserved_spans=[(0.0, 2.0, 2.0)], mem_used_spans=[(0.5, 1.0, 0.6)])
+    written = write_plots([WorkloadResult("swe", [run], {}, {})], tmp_path)
+    assert tmp_path / "swe_mem.png" in written and (tmp_path / "swe_mem.png").stat().st_size > 0

@@ -42,35 +42,40 @@ def _span(a: ActionRecord) -> tuple[float, float]:
     return start, start + a.result.exec_s + a.result.overhead_s
 
 
-def _reserved(system: str, outcomes: list[RolloutOutcome], grant_mem: bool) -> tuple[list[tuple[float, float, float]], float]:
-    """(core spans held, GiB-seconds held) of a system's rollouts."""
-    cores: list[tuple[float, float, float]] = []
-    gib_s = 0.0
+Spans = list[tuple[float, float, float]]
+
+
+def _reserved(system: str, outcomes: list[RolloutOutcome], grant_mem: bool) -> tuple[Spans, Spans]:
+    """(core spans held, GiB spans held) of a system's rollouts."""
+    cores: Spans = []
+    mem: Spans = []
     for o in outcomes:
         life = (o.env_ready_s, o.ended_s)
         if o.reserved_millicores:  # a pod: its request for its life
             cores.append((*life, o.reserved_millicores / 1000))
-        gib_s += (life[1] - life[0]) * o.reserved_mem_bytes / GIB
+        if o.reserved_mem_bytes:
+            mem.append((*life, o.reserved_mem_bytes / GIB))
         if system == TANGRAM:  # Allocate-on-Execution: cores (and memory, with issue 21) per action
             for a in o.setup + o.actions:
                 start, end = _span(a)
                 cores.append((start, end, float(a.result.dop or 1)))
-                if grant_mem:
-                    gib_s += (end - start) * a.mem_bytes / GIB
-    return cores, gib_s
+                if grant_mem and a.mem_bytes:
+                    mem.append((start, end, a.mem_bytes / GIB))
+    return cores, mem
 
 
 def system_run(system: str, outcomes: list[RolloutOutcome], step_s: float, config: SweConfig) -> SystemRun:
     acts = [a for o in outcomes for a in o.actions if a.kind in ACT_KINDS]
     every = [a for o in outcomes for a in o.setup + o.actions]
     grant_mem = system == TANGRAM and HAS_MEMORY_PER_ACTION
-    reserved, gib_s_reserved = _reserved(system, outcomes, grant_mem)
+    reserved, mem_reserved = _reserved(system, outcomes, grant_mem)
     used = [(a.started_s, a.started_s + a.result.exec_s, a.result.cpu_s) for a in every]
+    mem_used = [(a.started_s, a.started_s + a.result.exec_s, a.result.peak_mem_bytes / GIB) for a in every]
     run = SystemRun(
         system=system, act_s=[a.result.act_s for a in acts], queue_s=[a.result.queue_s for a in acts],
         exec_s=[a.result.exec_s for a in acts], overhead_s=[a.result.overhead_s for a in acts], step_s=step_s,
         core_s_reserved=sum((e - s) * c for s, e, c in reserved), core_s_used=sum(c for _, _, c in used),
-        reserved_spans=reserved, used_spans=used,
+        reserved_spans=reserved, used_spans=used, mem_reserved_spans=mem_reserved, mem_used_spans=mem_used,
     )  # fmt: skip
     run.extra.update(
         mean_setup_s=_mean([o.setup_s for o in outcomes]),
@@ -80,8 +85,8 @@ def system_run(system: str, outcomes: list[RolloutOutcome], step_s: float, confi
         rewards_correct=_ratio(sum(o.correct for o in outcomes), len(outcomes)),
         rewards_lost=float(sum(not o.reward_intact for o in outcomes)),
         oom_killed=float(sum(o.oom_killed for o in outcomes)),
-        gib_s_reserved=gib_s_reserved,
-        gib_s_used=sum(a.result.exec_s * a.result.peak_mem_bytes / GIB for a in every),  # peak x exec: an upper bound
+        gib_s_reserved=sum((e - s) * g for s, e, g in mem_reserved),
+        gib_s_used=sum((e - s) * g for s, e, g in mem_used),  # peak x exec: an upper bound
         peak_mem_mib=max((a.result.peak_mem_bytes for a in every), default=0) / (1 << 20),
         markers_ok=float(sum(o.marker_ok for o in outcomes)),
     )
