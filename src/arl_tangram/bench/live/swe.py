@@ -188,8 +188,12 @@ async def setup_group(ctx: RolloutContext, tg: AsyncClient, image: str, plans: l
     outs = [RolloutOutcome(p, ctx.now(), reserved_mem_bytes=_tangram_env_reserved(ctx)) for p in plans]
     parent = await tg.create_env(image=image, memory=ctx.config.tangram_env_limit_bytes, trajectory_id=plans[0].rollout_id)
     ready_s = ctx.now()
-    s = await setup(ctx, parent, outs[0].setup)
-    children = await parent.fork(len(plans) - 1)  # type: ignore[attr-defined]
+    try:
+        s = await setup(ctx, parent, outs[0].setup)
+        children = await parent.fork(len(plans) - 1)  # type: ignore[attr-defined]
+    except BaseException:
+        await parent.release()  # the group never started: nothing of it may outlive the call
+        raise
     share_s = (ctx.now() - ready_s) / len(plans)
     for o in outs:
         o.env_ready_s, o.setup_s, o.lost = ready_s, share_s, int(s.outcome != "succeeded")
