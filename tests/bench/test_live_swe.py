@@ -165,3 +165,18 @@ def test_the_plots_show_memory_reserved_and_used_over_time(tmp_path: Path) -> No
     run = SystemRun("k8s-spec", [1.0], [0.0], [1.0], [0.0], 2.0, mem_reserved_spans=[(0.0, 2.0, 2.0)], mem_used_spans=[(0.5, 1.0, 0.6)])
     written = write_plots([WorkloadResult("swe", [run], {}, {})], tmp_path)
     assert tmp_path / "swe_mem.png" in written and (tmp_path / "swe_mem.png").stat().st_size > 0
+
+
+def test_the_simulator_check_counts_an_envs_wait_before_its_setup_as_live_does() -> None:
+    from arl_tangram.bench.live import simcheck
+    from arl_tangram.core.policies.registry import make_policy
+    from arl_tangram.sim.runner import Simulation
+
+    # a 1 GiB sandbox share and 1 GiB envs: one rollout at a time, the others wait before their set-up
+    fitted = {"cores": 2, "batch": 4, "group_size": 2, "env_mem_bytes": 1 << 30, "cluster": {"mem_bytes": 2 << 30}}
+    acts: list[float] = []
+    for k in range(simcheck.SIM_SEEDS):
+        workload, cluster = simcheck.BUILDERS["swe"](fitted, 1 + k)
+        result = Simulation(cluster, make_policy("elastic"), simcheck._platform(fitted), workload, seed=1 + k).run()
+        acts += [r.act_s for r in result.metrics.done() if r.category != "setup"]
+    assert simcheck.simulate_mean_act_s("swe", fitted, 1) > 1.5 * sum(acts) / len(acts)
