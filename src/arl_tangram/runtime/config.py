@@ -135,6 +135,9 @@ class CpuConfig:
     workspace_bytes: int = 512 << 20
     tmp_bytes: int = 256 << 20
     kill_grace_s: float = 2.0
+    # the memory this node's sandboxes may hold in all; None: a share of the host's memory
+    # (``agent.node.DEFAULT_SANDBOX_MEMORY_SHARE``). A bench sets it to run on one budget.
+    node_mem_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,7 @@ def _cpu(t: Table) -> CpuConfig:
         workspace_bytes=t.size("workspace_bytes", CpuConfig.workspace_bytes, minimum=1 << 20),
         tmp_bytes=t.size("tmp_bytes", CpuConfig.tmp_bytes, minimum=1 << 20),
         kill_grace_s=t.number("kill_grace_s", CpuConfig.kill_grace_s, lambda v: 0 < v <= 60, "in (0, 60]"),
+        node_mem_bytes=None if t.get("node_mem_bytes") is None else t.size("node_mem_bytes", 0, minimum=16 << 20),
     )
     t.done()
     return config

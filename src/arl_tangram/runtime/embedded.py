@@ -54,6 +54,8 @@ class EmbeddedRuntime:
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None
         agent = NodeAgent(LOCAL_NODE, cpu=cpu, api=api)
+        if config.cpu.node_mem_bytes is not None:  # the whole of it is the sandboxes'
+            agent.host_mem_bytes, agent.sandbox_memory_share = config.cpu.node_mem_bytes, 1.0
         if config.images is not None:
             try:
                 agent.images = await asyncio.to_thread(make_image_store, config.images)

@@ -24,6 +24,7 @@ from arl_tangram.sim.workload import Workload
 from arl_tangram.sim.workloads.coding import CodingParams, coding_workload
 from arl_tangram.sim.workloads.deepsearch import DeepSearchParams, deepsearch_workload
 from arl_tangram.sim.workloads.mopd import MopdParams, mopd_workload, teacher_names
+from arl_tangram.sim.workloads.swe import SweParams, swe_workload
 
 PLATFORMS = {
     "tangram": platforms.TANGRAM,
@@ -40,7 +41,7 @@ PAPER_GPU_NODES = 5  # PAPER: GPU pool 5 nodes × 8 GPUs
 class RunSpec:
     experiment: str
     label: str
-    workload: str  # coding | deepsearch | mopd
+    workload: str  # coding | deepsearch | mopd | swe
     workload_params: dict[str, Any]
     policy: str
     policy_params: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +58,8 @@ def build_workload(spec: RunSpec) -> Workload:
         return coding_workload(CodingParams(**spec.workload_params), spec.seed)
     if spec.workload == "deepsearch":
         return deepsearch_workload(DeepSearchParams(**spec.workload_params), spec.seed)
+    if spec.workload == "swe":
+        return swe_workload(SweParams(**spec.workload_params), spec.seed)
     return mopd_workload(MopdParams(**spec.workload_params), spec.seed)
 
 
@@ -148,7 +151,7 @@ def run_all(specs: Iterable[RunSpec], workers: int | None = None, progress: Call
 
 def _cost_hint(spec: RunSpec) -> float:
     batch = float(spec.workload_params.get("batch", 1))
-    weight = {"coding": 3.0, "deepsearch": 1.5, "mopd": 0.6}[spec.workload]
+    weight = {"coding": 3.0, "swe": 3.0, "deepsearch": 1.5, "mopd": 0.6}[spec.workload]
     return batch * weight * (2.0 if spec.policy == "elastic" else 1.0)
 
 

@@ -93,8 +93,48 @@ def ablation_specs(quick: bool = False) -> list[RunSpec]:
     return specs
 
 
+SWE_GROUP = 8  # issue 24: G = 8 rollouts per task
+SWE_SPEC_POD = {"pod_millicores": 1000}  # issue 24: the SWE-Gym/OpenReward sandbox spec, 1 CPU / 2 GiB
+
+
+def swe_specs(quick: bool = False) -> list[RunSpec]:
+    """The live SWE workload at the published coding scale (15 x 256 cores, batch 1280):
+    tangram (GRPO groups set up once and forked), pods at the framework spec, and pods sized
+    to fit the batch (Guaranteed: the simulator has no cpu.shares, so Burstable-fit and its
+    OOM kills stay live-only figures). Every pod sets up its own rollout."""
+    batch = 256 if quick else CODING_BATCH
+    wp = {"batch": batch, "group_size": SWE_GROUP}
+    fit = {"pod_millicores": pod_millicores(batch)}
+    return [
+        RunSpec("swe", "arl-tangram", "swe", {**wp, "fork": True, "env_mem_bytes": 1 << 30}, "elastic", cpu_nodes=PAPER_CPU_NODES),
+        RunSpec("swe", "k8s-spec", "swe", wp, "k8s-static", SWE_SPEC_POD, "k8s", cpu_nodes=PAPER_CPU_NODES),
+        RunSpec("swe", "k8s-guaranteed-fit", "swe", wp, "k8s-static", fit, "k8s", cpu_nodes=PAPER_CPU_NODES),
+    ]
+
+
 def all_specs(quick: bool = False) -> list[RunSpec]:
-    return coding_specs(quick) + deepsearch_specs(quick) + mopd_specs(quick) + ablation_specs(quick)
+    return coding_specs(quick) + deepsearch_specs(quick) + mopd_specs(quick) + ablation_specs(quick) + swe_specs(quick)
+
+
+def swe_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The SWE workload at paper scale: ACT (set-up out, as live) and step gains of tangram
+    against each pod sizing; {} when the run had no swe rows."""
+    found = {r["label"]: r for r in rows if r["experiment"] == "swe"}
+    if "arl-tangram" not in found:
+        return {}
+    t = found["arl-tangram"]
+
+    def act(row: dict[str, Any]) -> float:
+        cats = [c for c in row["act_by_category"] if c != "setup"]
+        n = sum(row["act_by_category"][c]["count"] for c in cats)
+        return sum(row["act_by_category"][c]["mean_s"] * row["act_by_category"][c]["count"] for c in cats) / n if n else float("nan")
+
+    pods = {label: row for label, row in found.items() if label != "arl-tangram"}
+    return {
+        "swe_act_gain_vs": {label: act(row) / act(t) for label, row in sorted(pods.items())},
+        "swe_step_gain_vs": {label: row["step_s"] / t["step_s"] for label, row in sorted(pods.items())},
+        "swe_batch": t["batch"],
+    }
 
 
 def _find(rows: list[dict[str, Any]], experiment: str, label: str, batch: int | None = None) -> dict[str, Any]:
@@ -157,6 +197,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for regime in ABLATION_BATCHES
         ),
         "coding_ideal_ratio": tangram["act"]["mean_s"] / ideal["act"]["mean_s"],
+        **swe_summary(rows),
     }
 
 

@@ -2,7 +2,7 @@
 rollouts on this machine, ARL-Tangram side by side with the allocation schemes users run
 today, on the same cores in one run, and the simulator checked against the live figures.
 
-Runs the workloads in turn (``coding``, ``mopd``, ``deepsearch``: each module's
+Runs the workloads in turn (``swe``, ``coding``, ``mopd``, ``deepsearch``: each module's
 ``run(opts, progress) -> WorkloadResult``), then ``simcheck.run``; progress goes to stderr
 while it runs. Prints the side-by-side table (to stdout, or to stderr under ``--json``,
 which prints exactly one JSON object on stdout), and writes PNG plots into ``--report-dir``.
@@ -95,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             not_run[name] = str(why)
             progress.note(name, f"not run: {why}")
     simcheck, sim_problem = _simcheck(results, opts) if results else ({}, None)
+    for result in results:  # the per-workload key beside the map (swe.sim_vs_live_act_ratio)
+        if result.name == "swe" and "swe" in simcheck:
+            result.summary["sim_vs_live_act_ratio"] = simcheck["swe"]["ratio"]
     wall_s = time.monotonic() - started
     plots: list[str] = []
     if opts.report_dir is not None and results:

@@ -89,7 +89,8 @@ class SystemRun:
     ``device_bytes`` is peak device memory of the model services; ``leaked_429`` counts
     provider 429s that reached a trajectory. ``extra`` holds workload-specific numbers.
     Optional, for the CPU-over-time plot (seconds from the run's start): ``reserved_spans``
-    ``(start_s, end_s, cores)`` held, ``used_spans`` ``(start_s, end_s, core_s)`` consumed.
+    ``(start_s, end_s, cores)`` held, ``used_spans`` ``(start_s, end_s, core_s)`` consumed;
+    for the memory-over-time plot, ``mem_reserved_spans``/``mem_used_spans`` in GiB.
     """
 
     system: str
@@ -105,6 +106,8 @@ class SystemRun:
     extra: dict[str, float] = field(default_factory=dict)
     reserved_spans: list[tuple[float, float, float]] = field(default_factory=list)
     used_spans: list[tuple[float, float, float]] = field(default_factory=list)
+    mem_reserved_spans: list[tuple[float, float, float]] = field(default_factory=list)  # (start_s, end_s, GiB held)
+    mem_used_spans: list[tuple[float, float, float]] = field(default_factory=list)  # (start_s, end_s, GiB at peak)
 
     @property
     def mean_act_s(self) -> float:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+from arl_tangram.bench.live.headline import headline
 
-WORKLOADS = ("coding", "mopd", "deepsearch")
+WORKLOADS = ("swe", "coding", "mopd", "deepsearch")  # swe first: the agentic-RL workload people train on
 MIB = 1 << 20
 
 
@@ -77,6 +78,8 @@ def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck:
         for name, row in simcheck.items():
             lines.append(f"{name:<12} {row['sim_mean_act_s']:>10.3f} {row['live_mean_act_s']:>11.3f} {row['ratio']:>9.2f}")
         parts.append("\n".join(lines))
+    if results:
+        parts.append(headline(results))
     parts.append(f"wall time: {wall_s:.1f} s")
     return "\n\n".join(parts)
 
@@ -115,8 +118,9 @@ def _cores_over_time(spans: Sequence[tuple[float, float, float]], end_s: float, 
 
 
 def write_plots(results: Sequence[WorkloadResult], report_dir: Path) -> list[Path]:
-    """``<workload>_act_cdf.png`` per workload and ``<workload>_cpu.png`` where the runs
-    recorded CPU spans; returns the files written."""
+    """``<workload>_act_cdf.png`` per workload, ``<workload>_cpu.png`` where the runs
+    recorded CPU spans and ``<workload>_mem.png`` where they recorded memory spans; returns
+    the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,6 +142,9 @@ def write_plots(results: Sequence[WorkloadResult], report_dir: Path) -> list[Pat
         spanned = [r for r in result.runs if r.reserved_spans or r.used_spans]
         if spanned:
             written.append(_cpu_plot(plt, result.name, spanned, report_dir))
+        with_mem = [r for r in result.runs if r.mem_reserved_spans or r.mem_used_spans]
+        if with_mem:
+            written.append(_mem_plot(plt, result.name, with_mem, report_dir))
     return written
 
 
@@ -155,6 +162,25 @@ def _cpu_plot(plt: Any, name: str, runs: list[SystemRun], report_dir: Path) -> P
     axes[-1, 0].set_xlabel("seconds since the system's start")
     fig.suptitle(f"{name}: CPU cores reserved vs used")
     path = _save(fig, report_dir / f"{name}_cpu.png")
+    plt.close(fig)
+    return path
+
+
+def _mem_plot(plt: Any, name: str, runs: list[SystemRun], report_dir: Path) -> Path:
+    """GiB reserved (held) vs used (each action's peak over its run) over time, per system."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7, 2.2 * len(runs)), sharex=True, squeeze=False)
+    end_s = max(max((s[1] for s in r.mem_reserved_spans + r.mem_used_spans), default=0.0) for r in runs)
+    step_s = max(0.1, end_s / 200)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        times = [i * step_s for i in range(int(end_s / step_s) + 1)]
+        ax.plot(times, _cores_over_time(run.mem_reserved_spans, end_s, step_s, rate=False), label="reserved")
+        ax.plot(times, _cores_over_time(run.mem_used_spans, end_s, step_s, rate=False), label="used (peak)")
+        ax.set(ylabel="GiB", title=run.system)
+        ax.legend(loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since the system's start")
+    fig.suptitle(f"{name}: memory reserved vs used")
+    path = _save(fig, report_dir / f"{name}_mem.png")
     plt.close(fig)
     return path
 

@@ -1,0 +1,73 @@
+"""Shell: the few lines ``arl-tangram bench live`` ends with, for a newcomer: per workload
+the baseline compared against, ARL-Tangram's ACT and step gains over it, the resources it
+reserved against that baseline's, what either lost, and one sentence saying where it wins
+and where it does not.
+
+Pure: reads each ``WorkloadResult.summary`` (keys a workload lacks are shown as "-").
+Called by ``report.render`` after the per-workload tables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from arl_tangram.bench.live.common import WorkloadResult
+
+WIN = 1.1  # a gain below this is a tie on a shared 2-core host, not a win
+
+
+def _gain(value: Any) -> str:
+    return f"{value:.2f}x" if isinstance(value, int | float) and math.isfinite(value) else "-"
+
+
+def _reserved(result: WorkloadResult) -> str:
+    """Tangram's reservation over the baseline's: the normalised core + memory ratio where
+    the workload reports one, else core-seconds."""
+    s = result.summary
+    if isinstance(s.get("reserved_ratio"), int | float):
+        return f"{s['reserved_ratio']:.2f}"
+    tangram, base = result.run_of("tangram"), result.run_of(str(s.get("best_baseline", "")))
+    if tangram is None or base is None or base.core_s_reserved <= 0:
+        return "-"
+    return f"{tangram.core_s_reserved / base.core_s_reserved:.2f}"
+
+
+def _lost(result: WorkloadResult) -> str:
+    per = result.summary.get("per_system", {})
+    if result.name == "swe" and isinstance(per, dict):
+        lost = {name: int(v.get("rewards_lost", 0)) for name, v in per.items() if v.get("rewards_lost")}
+        return ", ".join(f"{n}: {k} rewards" for n, k in sorted(lost.items())) or "nothing"
+    lost_actions = result.summary.get("actions_lost")
+    return "nothing" if not lost_actions else f"{lost_actions} actions"
+
+
+def sentence(result: WorkloadResult) -> str:
+    s = result.summary
+    act, step, base = s.get("act_gain"), s.get("step_gain"), s.get("best_baseline", "the baseline")
+    if result.name == "mopd" and s.get("static_device_bytes"):
+        mem = s["tangram_device_bytes"] / s["static_device_bytes"]
+        p50 = s["tangram_p50_ms"] / s["static_p50_ms"] if s.get("static_p50_ms") else math.nan
+        return f"mopd: ARL-Tangram serves the teachers in {mem:.2f} of the static deployment's device memory, at {p50:.2f} of its p50 latency."
+    if not isinstance(act, int | float) or not isinstance(step, int | float):
+        return f"{result.name}: no tangram-vs-baseline comparison in this run."
+    figures = (("ACT", act), ("step time", step))
+    wins = [f"{what} {g:.2f}x" for what, g in figures if g >= WIN]
+    ties = [what for what, g in figures if g < WIN]
+    said = f"{result.name}: against {base}, ARL-Tangram wins on {' and '.join(wins)}" if wins else f"{result.name}: ARL-Tangram does not beat {base}"
+    if ties and wins:
+        said += f"; it does not win on {' or '.join(ties)}"
+    if result.name == "swe" and s.get("baseline_lost_no_reward") is False:
+        said += " (every pod system lost reward: compared with the one that lost least)"
+    return said + "."
+
+
+def headline(results: Sequence[WorkloadResult]) -> str:
+    lines = ["== in short ==", f"{'workload':<11} {'vs (best baseline)':<20} {'ACT gain':>9} {'step gain':>10} {'reserved':>9}  lost"]
+    for r in results:
+        s = r.summary
+        lines.append(f"{r.name:<11} {str(s.get('best_baseline', '-')):<20} {_gain(s.get('act_gain')):>9} {_gain(s.get('step_gain')):>10}"
+                     f" {_reserved(r):>9}  {_lost(r)}")  # fmt: skip
+    lines += [sentence(r) for r in results]
+    return "\n".join(lines)

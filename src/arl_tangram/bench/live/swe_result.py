@@ -1,0 +1,150 @@
+"""Shell: the live SWE workload's outcome: per-system figures (ACT split over the same
+action kinds, step, setup per rollout, rewards, OOM kills, core-s and GiB-s reserved and
+used, peak memory), the ``swe.*`` summary against the best pod system that lost no reward,
+and the distribution parameters the simulator check runs the workload from.
+
+Pure: called by ``swe.run_async`` with every system's rollouts and step time.
+Formulas (issue 24): ``reserved_ratio`` = (core-s_t / C + GiB-s_t / M) / (core-s_b / C +
+GiB-s_b / M) with C the pool's cores and M the budget in GiB; "reserved" is what a system
+holds: a pod its request for its life; tangram its grants while an action runs, plus the
+env's limit for its life where memory is not yet granted per action (issue 21 not merged).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from arl_tangram.bench.live.common import SystemRun, WorkloadResult
+from arl_tangram.bench.live.simcheck import fit_lognormal
+from arl_tangram.bench.live.swe_plan import ACT_KINDS, GIB, SweConfig
+from arl_tangram.bench.live.swe_rollout import (
+    HAS_FORK,
+    HAS_MEMORY_PER_ACTION,
+    ActionRecord,
+    RolloutOutcome,
+)
+
+TANGRAM = "tangram"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _span(a: ActionRecord) -> tuple[float, float]:
+    start = a.started_s
+    return start, start + a.result.exec_s + a.result.overhead_s
+
+
+Spans = list[tuple[float, float, float]]
+
+
+def _reserved(system: str, outcomes: list[RolloutOutcome], grant_mem: bool) -> tuple[Spans, Spans]:
+    """(core spans held, GiB spans held) of a system's rollouts."""
+    cores: Spans = []
+    mem: Spans = []
+    for o in outcomes:
+        life = (o.env_ready_s, o.ended_s)
+        if o.reserved_millicores:  # a pod: its request for its life
+            cores.append((*life, o.reserved_millicores / 1000))
+        if o.reserved_mem_bytes:
+            mem.append((*life, o.reserved_mem_bytes / GIB))
+        if system == TANGRAM:  # Allocate-on-Execution: cores (and memory, with issue 21) per action
+            for a in o.setup + o.actions:
+                start, end = _span(a)
+                cores.append((start, end, float(a.result.dop or 1)))
+                if grant_mem and a.mem_bytes:
+                    mem.append((start, end, a.mem_bytes / GIB))
+    return cores, mem
+
+
+def system_run(system: str, outcomes: list[RolloutOutcome], step_s: float, config: SweConfig) -> SystemRun:
+    acts = [a for o in outcomes for a in o.actions if a.kind in ACT_KINDS]
+    every = [a for o in outcomes for a in o.setup + o.actions]
+    grant_mem = system == TANGRAM and HAS_MEMORY_PER_ACTION
+    reserved, mem_reserved = _reserved(system, outcomes, grant_mem)
+    used = [(a.started_s, a.started_s + a.result.exec_s, a.result.cpu_s) for a in every]
+    mem_used = [(a.started_s, a.started_s + a.result.exec_s, a.result.peak_mem_bytes / GIB) for a in every]
+    run = SystemRun(
+        system=system, act_s=[a.result.act_s for a in acts], queue_s=[a.result.queue_s for a in acts],
+        exec_s=[a.result.exec_s for a in acts], overhead_s=[a.result.overhead_s for a in acts], step_s=step_s,
+        core_s_reserved=sum((e - s) * c for s, e, c in reserved), core_s_used=sum(c for _, _, c in used),
+        reserved_spans=reserved, used_spans=used, mem_reserved_spans=mem_reserved, mem_used_spans=mem_used,
+    )  # fmt: skip
+    run.extra.update(
+        mean_setup_s=_mean([o.setup_s for o in outcomes]),
+        rollouts=float(len(outcomes)),
+        rollouts_finished=float(sum(o.ended_s > 0 for o in outcomes)),
+        rewards_intact=float(sum(o.reward_intact for o in outcomes)),
+        rewards_correct=_ratio(sum(o.correct for o in outcomes), len(outcomes)),
+        rewards_lost=float(sum(not o.reward_intact for o in outcomes)),
+        oom_killed=float(sum(o.oom_killed for o in outcomes)),
+        gib_s_reserved=sum((e - s) * g for s, e, g in mem_reserved),
+        gib_s_used=sum((e - s) * g for s, e, g in mem_used),  # peak x exec: an upper bound
+        peak_mem_mib=max((a.result.peak_mem_bytes for a in every), default=0) / (1 << 20),
+        markers_ok=float(sum(o.marker_ok for o in outcomes)),
+    )
+    return run
+
+
+def _normalised(run: SystemRun, cores: int, budget_gib: float) -> float:
+    return run.core_s_reserved / cores + run.extra["gib_s_reserved"] / budget_gib
+
+
+def best_baseline(pods: list[SystemRun]) -> tuple[SystemRun, bool]:
+    """The pod system to beat: the fastest (mean ACT) of those that lost no reward, else the
+    one that lost least (then ``False``: every pod system lost reward)."""
+    clean = [r for r in pods if r.extra["rewards_lost"] == 0]
+    if clean:
+        return min(clean, key=lambda r: r.mean_act_s), True
+    return min(pods, key=lambda r: (r.extra["rewards_lost"], r.mean_act_s)), False
+
+
+def workload_result(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConfig, cores: int) -> WorkloadResult:
+    systems = {name: system_run(name, outs, step_s, config) for name, (outs, step_s) in runs.items()}
+    summary: dict[str, Any] = {
+        "pool_cores": cores, "batch": config.batch, "num_tasks": config.num_tasks, "group_size": config.group_size,
+        "budget_gib": config.budget_bytes / GIB, "fork_used": HAS_FORK, "memory_per_action": HAS_MEMORY_PER_ACTION,
+        "mean_act_s": {n: r.mean_act_s for n, r in systems.items()}, "step_s": {n: r.step_s for n, r in systems.items()},
+        "per_system": {n: dict(r.extra) for n, r in systems.items()},
+    }  # fmt: skip
+    tangram = systems.get(TANGRAM)
+    pods = [r for n, r in systems.items() if n != TANGRAM]
+    if tangram is not None and pods:
+        base, clean = best_baseline(pods)
+        m = config.budget_bytes / GIB
+        summary.update(
+            best_baseline=base.system, baseline_lost_no_reward=clean,
+            act_gain=_ratio(base.mean_act_s, tangram.mean_act_s), step_gain=_ratio(base.step_s, tangram.step_s),
+            reserved_ratio=_ratio(_normalised(tangram, cores, m), _normalised(base, cores, m)),
+            rewards_correct=tangram.extra["rewards_correct"], oom_killed_tangram=int(tangram.extra["oom_killed"]),
+            fork_speedup=_ratio(base.extra["mean_setup_s"], tangram.extra["mean_setup_s"]),
+            act_gain_vs={r.system: _ratio(r.mean_act_s, tangram.mean_act_s) for r in pods},
+            step_gain_vs={r.system: _ratio(r.step_s, tangram.step_s) for r in pods},
+        )  # fmt: skip
+    summary["parameters"] = config.describe(cores)
+    return WorkloadResult("swe", list(systems.values()), summary, _fitted(runs, config, cores))
+
+
+def _fitted(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConfig, cores: int) -> dict[str, Any]:
+    """The tangram run's action times by kind at the DoP they ran (t_ori = exec x dop for
+    the elastic suite on the declared curve is left to the simulator's Amdahl model)."""
+    outs = runs.get(TANGRAM, ([], 0.0))[0] or next(iter(runs.values()))[0]
+    by_kind: dict[str, list[float]] = {k: [] for k in (*ACT_KINDS, "setup")}
+    for o in outs:
+        for a in o.setup + o.actions:
+            by_kind[a.kind].append(a.result.cpu_s if a.kind == "test" else a.result.exec_s)
+    fitted: dict[str, Any] = {"cores": cores, "batch": config.batch, "group_size": config.group_size,
+                              "think_mean_s": config.think_mean_s, "think_sigma": config.think_sigma,
+                              "env_mem_bytes": config.tangram_env_limit_bytes, "fork": HAS_FORK,
+                              "cluster": {"mem_bytes": config.budget_bytes * 2}}  # fmt: skip
+    for kind, values in by_kind.items():
+        mean, sigma = fit_lognormal(values)
+        fitted[f"{kind}_mean_s"], fitted[f"{kind}_sigma"] = mean, sigma
+    return fitted
