@@ -22,8 +22,10 @@ Tool YAML (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
           default_timeout: 30
           memory_limit_mb: 1024
           env_idle_s: 600
+          create_timeout_s: 60      # a call whose env cannot be placed by then: a tool error, at once
 
-Reward (``reward.custom_reward_function``): ``path`` = this file, ``name: compute_score``,
+Reward (``reward.custom_reward_function``): ``path: pkg://arl_tangram.integrations.verl``
+(verl imports the module: right for an editable install too), ``name: compute_score``,
 ``reward_kwargs: {tangram_url: http://tangram:8080, tangram_token: <token>, timeout: 10}``;
 dataset rows carry ``reward_model.ground_truth`` = ``{"inputs": [...], "outputs": [...]}``
 (or its JSON), verl's sandbox_fusion format; the completion's last fenced block is graded.
@@ -43,7 +45,12 @@ from arl_tangram.client import Env
 from arl_tangram.integrations.connection import Endpoint, LazyClient
 from arl_tangram.integrations.grading import extract_code, grade, parse_cases
 
-RUNNERS = {"python": ("main.py", ["python3", "main.py"]), "bash": ("main.sh", ["bash", "main.sh"])}
+RUNNERS = {
+    "python": ("main.py", ["python3", "main.py"]),
+    "bash": ("main.sh", ["bash", "main.sh"]),
+    "cpp": ("main.cpp", ["bash", "-c", "g++ -O2 -std=c++17 -o main main.cpp && ./main"]),  # the host root's g++
+}
+DEFAULT_CREATE_TIMEOUT_S = 60.0  # a call that cannot get its env by then answers the model at once
 CODE_SCHEMA = {
     "type": "function",
     "function": {
@@ -51,7 +58,10 @@ CODE_SCHEMA = {
         "description": "Run code in a sandbox that keeps its files across this conversation's calls.",
         "parameters": {
             "type": "object",
-            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "properties": {
+                "code": {"type": "string", "description": "The code to execute."},
+                "language": {"type": "string", "enum": sorted(RUNNERS), "description": "Its language (default: the tool's)."},
+            },
             "required": ["code"],
         },
     },
@@ -70,6 +80,7 @@ class TangramCodeTool(BaseTool):
             raise ValueError(f"default_language: must be one of {sorted(RUNNERS)} (got {self.language!r})")
         self.memory = f"{int(config.get('memory_limit_mb', 1024))}MiB"
         self.env_idle_s = float(config.get("env_idle_s", 600))
+        self.create_timeout_s = float(config.get("create_timeout_s", DEFAULT_CREATE_TIMEOUT_S))
         self.envs: dict[str, Env] = {}  # trajectory request id -> its env
         self.last_used: dict[str, float] = {}
         self.instances: dict[str, str] = {}  # instance id -> trajectory key ("" until known)
@@ -81,19 +92,28 @@ class TangramCodeTool(BaseTool):
         return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
-        """Run ``parameters["code"]`` in the trajectory's env; the text is stdout + stderr."""
+        """Run ``parameters["code"]`` in the trajectory's env; the text is stdout + stderr. A
+        bad call (no ``code``, an unknown language) and an env that cannot be had within
+        ``create_timeout_s`` answer the model with a text naming why, never an empty error."""
         agent_data = kwargs.get("agent_data")
         key = str(getattr(agent_data, "request_id", None) or instance_id)
         self.instances[instance_id] = key
+        code, language = parameters.get("code"), str(parameters.get("language") or self.language)
+        if not isinstance(code, str) or not code.strip():
+            return ToolResponse(text="Error: code: the call needs the program to run, as a non-empty string"), 0.0, {"outcome": "rejected"}
+        if language not in RUNNERS:
+            return ToolResponse(text=f"Error: language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
         await self._reclaim_idle()
-        env = await self._env(key)
+        try:
+            env = await self._env(key)
+        except Exception as exc:  # noqa: BLE001 - the model (and verl's log) must read why
+            why = "no node had room for it in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            text = f"Error: the sandbox is unavailable ({why}; waited at most {self.create_timeout_s:g} s for {self.memory})"
+            return ToolResponse(text=text), 0.0, {"outcome": "error"}
         if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
             agent_data.extra_fields["tangram_env_id"] = env.env_id  # compute_score may grade there
-        language = str(parameters.get("language") or self.language)
-        if language not in RUNNERS:
-            return ToolResponse(text=f"language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
         source, argv = RUNNERS[language]
-        await env.write_file(source, str(parameters.get("code", "")))
+        await env.write_file(source, code)
         r = await env.exec(argv, timeout_s=self.timeout_s, kind="verl:code")
         self.last_used[key] = time.monotonic()
         text = r.stdout + r.stderr
@@ -115,10 +135,16 @@ class TangramCodeTool(BaseTool):
             return self.envs[key]
         if key not in self._creating:  # concurrent calls of one trajectory share one creation
             self._creating[key] = asyncio.ensure_future(self._create_env(key))
+        task = self._creating[key]
         try:
-            return await asyncio.shield(self._creating[key])
-        finally:
+            return await asyncio.wait_for(asyncio.shield(task), self.create_timeout_s)
+        except TimeoutError:
             self._creating.pop(key, None)
+            task.cancel()  # abandons the request: the server releases an env made for no one
+            raise
+        finally:
+            if task.done():
+                self._creating.pop(key, None)
 
     async def _create_env(self, key: str) -> Env:
         client = await self.client.get()
@@ -158,9 +184,13 @@ async def compute_score(
     passes, graded in ONE elastic action (see ``grading``): in the trajectory's own env
     when ``extra_info["tangram_env_id"]`` names a live one (the tool records it in the
     rollout's ``extra_fields``), else on a fresh env. Returns ``{"score", "acc",
-    "verdicts"}``; no code block scores 0."""
+    "verdicts"}``; no code block scores 0, and so does a ground truth verl's scorer cannot read
+    (verl's rule: the row scores 0 with an ``error``, the run goes on)."""
     code = extract_code(solution_str)
-    cases = parse_cases(ground_truth)
+    try:
+        cases = parse_cases(ground_truth)
+    except ValueError as exc:
+        return {"score": 0.0, "acc": False, "verdicts": [], "error": str(exc)}
     if code is None or not cases:
         return {"score": 0.0, "acc": False, "verdicts": []}
     endpoint = Endpoint.from_config({"tangram_url": tangram_url, "tangram_token": tangram_token, "sandbox_fusion_url": sandbox_fusion_url})
