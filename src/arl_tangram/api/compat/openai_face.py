@@ -35,7 +35,7 @@ from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.runtime.actions import ActionRecord, ActionResult, ServicePayload, read_result
 
-router = APIRouter(tags=["openai"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's
+router = APIRouter(tags=["openai"], route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's; in /openapi.json under its tag
 MAX_INPUTS = 256
 
 

@@ -43,7 +43,7 @@ from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
 MAX_FILES = 1000
-router = APIRouter(tags=["sandboxfusion"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is SandboxFusion's, not our OpenAPI
+router = APIRouter(tags=["sandboxfusion"], route_class=JsonBodyRoute)  # its contract is SandboxFusion's; documented in /openapi.json under its tag
 
 
 class RunCodeRequest(BaseModel):

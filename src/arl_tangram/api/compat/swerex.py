@@ -41,7 +41,7 @@ from arl_tangram.api.state import DEFAULT_TENANT, NotFound
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
-router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False, route_class=JsonBodyRoute)  # SWE-ReX's contract
+router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], route_class=JsonBodyRoute)  # SWE-ReX's contract; in /openapi.json under its tag
 DEFAULT_TIMEOUT_S = 3600.0  # SWE-ReX's ``timeout: None``: no limit of its own; ours is an hour
 MAX_UNZIPPED_BYTES = 1 << 30  # an archive's members together, unpacked
 MAX_REPLIES = 64
