@@ -86,6 +86,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify", "generate"), help="register: what a call computes")
     svc.add_argument("--folder", help="a model folder the server's [service] allowed_folders lists (or one inside it)")
     svc.add_argument("--module", help="a pkg.mod:factory the server's [service] allowed_modules lists")
+    svc.add_argument("--builtin", choices=("minilm",), help="register: a model shipped with the package (minilm: name reward/minilm, handler score)")
     from arl_tangram.cli_images import add_parser
 
     add_parser(sub, common)
@@ -182,6 +183,18 @@ def _exec(http: httpx.Client, args: argparse.Namespace) -> int:
     return exec_exit_code(r["outcome"], r["exit_code"])
 
 
+def _fill_builtin(args: argparse.Namespace) -> None:
+    """``--builtin NAME``: the package's folder, and its name and handler unless given."""
+    from arl_tangram.client.builtin import BUILTIN_MODELS, builtin_model
+
+    try:
+        args.folder = builtin_model(args.builtin)
+    except ImportError as exc:
+        raise SystemExit(f"arl-tangram: --builtin {args.builtin} needs the package {exc.name}: pip install 'arl-tangram[gpu]'") from None
+    _package, name, handler = BUILTIN_MODELS[args.builtin]
+    args.name, args.handler = args.name or name, args.handler or handler
+
+
 def exec_exit_code(outcome: str, exit_code: int | None) -> int:
     """``exec``'s exit status (``EXEC_EPILOG``): never a negative code wrapped to 247."""
     if outcome in OUTCOME_EXIT_CODES:
@@ -257,6 +270,8 @@ def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
         _request(http, "DELETE", f"/v1/envs/{args.env_id}")
         return 0
     elif args.action == "register":
+        if args.builtin:
+            _fill_builtin(args)
         if not args.name or not args.handler:
             raise SystemExit("arl-tangram: service register needs a name and --handler")
         body = {"name": args.name, "handler": args.handler, "folder": args.folder, "module": args.module}
