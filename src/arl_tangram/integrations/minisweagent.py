@@ -10,10 +10,21 @@ v1 form) with ``bash`` and returns ``{"output": stdout and stderr interleaved,
 is one scheduled action in the environment's own sandbox, whose files persist across
 commands; nothing else does (each command is a fresh ``bash``, as in mini-swe-agent's local
 and docker environments). Synchronous: the agents are.
+
+The stock configs run unchanged (``default.yaml``, ``mini.yaml``, ``swebench.yaml``'s
+environment block): ``get_template_vars`` gives what the Local and Docker environments give
+(the config, ``platform.uname()``'s ``system``/``release``/``version``/``machine``, the
+caller's keys); ``interpreter`` runs each command (default ``bash -c``), ``image`` picks the
+env's root (an image reference or id the server can pull; the images issue's config aliases
+map public names to local ones), ``forward_env`` copies variables of this process, and the
+Docker-only keys (``executable``, ``run_args``, ``container_timeout``, ``pull_timeout``)
+are accepted and have no effect here.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +44,14 @@ class TangramEnvironmentConfig:
     cwd: str = ""
     timeout: float = 60.0
     env: dict[str, str] = field(default_factory=dict)
+    interpreter: list[str] = field(default_factory=lambda: ["bash", "-c"])
+    image: str = "host"
+    forward_env: list[str] = field(default_factory=list)
+    # DockerEnvironment's keys, so that its config blocks load; they mean nothing here
+    executable: str = ""
+    run_args: list[str] = field(default_factory=list)
+    container_timeout: str = ""
+    pull_timeout: float = 0.0
 
 
 class TangramEnvironment:
@@ -43,16 +62,19 @@ class TangramEnvironment:
         endpoint = Endpoint.from_config({"tangram_url": self.config.url, "tangram_token": self.config.token})
         self._client: Client | None = Client(endpoint.url, token=endpoint.token)
         try:
-            self._env = self._client.create_env(memory=self.config.memory)
+            self._env = self._client.create_env(memory=self.config.memory, image=self.config.image)
         except BaseException:
             self._client.close()
             raise
 
     def execute(self, action: dict[str, Any] | str, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+        if self._client is None:
+            raise RuntimeError("TangramEnvironment: execute after close(): the sandbox was released; make a new environment")
         command = action if isinstance(action, str) else str(action.get("command", ""))
         timeout_s = float(timeout or self.config.timeout)
+        env = {**{k: os.environ[k] for k in self.config.forward_env if k in os.environ}, **self.config.env}
         r = self._env.exec(
-            ["bash", "-c", "exec 2>&1\n" + command], cwd=cwd or self.config.cwd or None, env=self.config.env,
+            [*self.config.interpreter, "exec 2>&1\n" + command], cwd=cwd or self.config.cwd or None, env=env,
             timeout_s=timeout_s, kind="minisweagent",
         )  # fmt: skip
         if r.outcome in ("succeeded", "failed"):
@@ -74,7 +96,10 @@ class TangramEnvironment:
             raise Submitted({"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}})
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
-        return {**asdict(self.config), "token": None, "env_id": self._env.env_id, **kwargs}
+        """The config, ``platform.uname()`` (the stock templates' ``{{system}}`` and kin: the
+        sandbox runs on this kernel when the server is local) and ``kwargs``, as the Local
+        and Docker environments merge them."""
+        return {**asdict(self.config), "token": None, "env_id": self._env.env_id, **platform.uname()._asdict(), **kwargs}
 
     def serialize(self) -> dict[str, Any]:
         config = {**asdict(self.config), "token": None}  # never written into a trajectory file
