@@ -33,6 +33,12 @@ SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 CLIENT_COMMANDS = ("status", "env", "exec", "service", "image")
 DEFAULT_URL = "http://127.0.0.1:8080"
+INTERMIXED = ("env", "service", "image")  # an id may follow the options (`env delete --url U myenv`)
+# `exec`'s exit status when the program did not run to its end (`timeout`'s and a shell's codes)
+OUTCOME_EXIT_CODES = {"timed_out": 124, "oom_killed": 137, "rejected": 2, "cancelled": 130, "error": 1}
+EXEC_EPILOG = """exit status: the program's own when it ran to its end (128+N when signal N ended it);
+  124 timed out (--timeout), 137 killed for memory (OOM), 2 rejected (a demand no node can
+  hold, a bad argument), 130 cancelled, 1 an error of the sandbox or the service."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -56,26 +62,31 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("ARL_TANGRAM_URL", DEFAULT_URL), help="the server")
+    url = os.environ.get("ARL_TANGRAM_URL", DEFAULT_URL)
+    common.add_argument("--url", default=url, help=f"the server (default: $ARL_TANGRAM_URL, else {DEFAULT_URL}; now {url})")
     common.add_argument("--token", default=os.environ.get("ARL_TANGRAM_TOKEN"), help="API token (or $ARL_TANGRAM_TOKEN)")
     common.add_argument("--json", action="store_true", help="print the server's JSON")
     sub.add_parser("status", parents=[common], help="pools, queue, sandboxes, services, providers of a server")
     env = sub.add_parser("env", parents=[common], help="create, list or delete environments")
     env.add_argument("action", choices=("create", "list", "delete"))
     env.add_argument("env_id", nargs="?", help="the env (delete; optional for create)")
-    env.add_argument("--memory", default="1GiB")
+    env.add_argument("--memory", default="1GiB", help="create: the env's memory limit (default: %(default)s)")
     env.add_argument("--image", default="host", help="host (the host's read-only root) or an image reference or id")
-    ex = sub.add_parser("exec", parents=[common], help="run a command in an env and print its output")
+    ex = sub.add_parser(
+        "exec", parents=[common], help="run a command in an env and print its output", epilog=EXEC_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     ex.add_argument("env_id")
     ex.add_argument("argv", nargs="+", help="the command (one string: run by bash -c)")
     ex.add_argument("--cpu", type=int, default=1, help="cores (DoP)")
     ex.add_argument("--timeout", type=float, default=60.0, help="timeout_s of the command")
     svc = sub.add_parser("service", parents=[common], help="register or list model services")
-    svc.add_argument("action", choices=("register", "list"))
-    svc.add_argument("name", nargs="?")
-    svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify", "generate"))
+    svc.add_argument("action", choices=("register", "list"), help="register a service, or list the registered ones")
+    svc.add_argument("name", nargs="?", help="register: the service's name, called as tg.call(NAME, ...) (e.g. reward/minilm)")
+    svc.add_argument("--handler", choices=("embed", "score", "logprobs", "classify", "generate"), help="register: what a call computes")
     svc.add_argument("--folder", help="a model folder the server's [service] allowed_folders lists (or one inside it)")
     svc.add_argument("--module", help="a pkg.mod:factory the server's [service] allowed_modules lists")
+    svc.add_argument("--builtin", choices=("minilm",), help="register: a model shipped with the package (minilm: name reward/minilm, handler score)")
     from arl_tangram.cli_images import add_parser
 
     add_parser(sub, common)
@@ -169,7 +180,47 @@ def _exec(http: httpx.Client, args: argparse.Namespace) -> int:
         sys.stderr.write(r["stderr"])
         if r["outcome"] != "succeeded":
             print(f"arl-tangram: {r['outcome']}" + (f" ({r['cause']})" if r["cause"] else ""), file=sys.stderr)
-    return int(r["exit_code"]) if r["exit_code"] is not None else 1
+    return exec_exit_code(r["outcome"], r["exit_code"])
+
+
+def _fill_builtin(args: argparse.Namespace) -> None:
+    """``--builtin NAME``: the package's folder, and its name and handler unless given."""
+    from arl_tangram.client.builtin import BUILTIN_MODELS, builtin_model
+
+    try:
+        args.folder = builtin_model(args.builtin)
+    except ImportError as exc:
+        raise SystemExit(f"arl-tangram: --builtin {args.builtin} needs the package {exc.name}: pip install 'arl-tangram[gpu]'") from None
+    _package, name, handler = BUILTIN_MODELS[args.builtin]
+    args.name, args.handler = args.name or name, args.handler or handler
+
+
+def exec_exit_code(outcome: str, exit_code: int | None) -> int:
+    """``exec``'s exit status (``EXEC_EPILOG``): never a negative code wrapped to 247."""
+    if outcome in OUTCOME_EXIT_CODES:
+        return OUTCOME_EXIT_CODES[outcome]
+    if exit_code is None:
+        return 1
+    return 128 - exit_code if exit_code < 0 else exit_code  # -9: ended by SIGKILL -> 137
+
+
+def _say_what_creation_waits_for(http: httpx.Client, memory: str) -> str:
+    """The progress line of ``env create``: when no node has the memory free now, it says
+    the creation waits for it (the server holds the request up to its create_timeout_s)."""
+    from arl_tangram.runtime.config_reader import parse_size_bytes
+
+    try:
+        wanted = parse_size_bytes(memory, "--memory")
+    except ValueError:
+        return "creating the env"  # the server names the rule
+    pools = [p for p in _request(http, "GET", "/v1/status")["pools"] if p["resource"] == "mem_bytes"]
+    if not pools or wanted > max(p["capacity"] for p in pools) or any(p["capacity"] - p["reserved"] >= wanted for p in pools):
+        return "creating the env"
+    free = max(p["capacity"] - p["reserved"] for p in pools)
+    return (
+        f"waiting for {memory} of memory: no node has it free now (at most {free} bytes); the "
+        "server holds the request until envs are released or its create_timeout_s passes (then: 503)"
+    )
 
 
 def run_client_command(args: argparse.Namespace) -> int:
@@ -202,7 +253,7 @@ def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
         return run_remote(http, args, _request)
     elif args.command == "env" and args.action == "create":
         body = {"memory": args.memory, "image": args.image, **({"env_id": args.env_id} if args.env_id else {})}
-        with _Progress("creating the env"):
+        with _Progress(_say_what_creation_waits_for(http, args.memory)):
             out = _request(http, "POST", "/v1/envs", json=body)
         if not args.json:
             print(out["env_id"])
@@ -219,6 +270,8 @@ def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
         _request(http, "DELETE", f"/v1/envs/{args.env_id}")
         return 0
     elif args.action == "register":
+        if args.builtin:
+            _fill_builtin(args)
         if not args.name or not args.handler:
             raise SystemExit("arl-tangram: service register needs a name and --handler")
         body = {"name": args.name, "handler": args.handler, "folder": args.folder, "module": args.module}
@@ -235,9 +288,29 @@ def _client_command(http: httpx.Client, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command; a reader that closes the pipe early (``status | head``) ends it quietly."""
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below, not a traceback
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's final flush must not raise again
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE's status, as `yes | head` gives
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[name]
+    return found
+
+
+def _main(argv: list[str]) -> int:
     parser = _build_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command in INTERMIXED and rest:  # positionals after options: parse them intermixed
+        args = _subparser(parser, args.command).parse_intermixed_args(argv[argv.index(args.command) + 1 :], argparse.Namespace(command=args.command))
+        rest = []
     if args.command == "version":
         from arl_tangram import __version__
 

@@ -138,3 +138,22 @@ def test_no_route_of_the_faces_collides_with_a_native_route() -> None:
     assert len(every) == len(set(every)), "a (path, method) is served twice"
     added = set(every) - native
     assert {("/v1/models", "GET"), ("/v1/embeddings", "POST"), ("/v1/completions", "POST"), ("/run_code", "POST")} <= added
+
+
+def test_usage_dimensions_responses_and_string_prompts(client: openai.OpenAI) -> None:
+    """Issue 27, item 10: embeddings count their tokens and honour ``dimensions`` (shortened
+    and re-normalised, as OpenAI's) or refuse more than the model has; the Responses API
+    answers 404 in OpenAI's shape; a generated model takes a string prompt (its tokenizer
+    comes with it)."""
+    r = client.embeddings.create(model="minilm", input=["hello world", "the cat sat on the mat"], encoding_format="float")
+    assert r.usage.prompt_tokens >= 8 and r.usage.total_tokens == r.usage.prompt_tokens
+    short = client.embeddings.create(model="minilm", input="hello world", dimensions=64, encoding_format="float")
+    vector = short.data[0].embedding
+    assert len(vector) == 64 and math.isclose(sum(x * x for x in vector), 1.0, rel_tol=1e-4)
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model="minilm", input="hello", dimensions=1000)
+    with pytest.raises(openai.NotFoundError, match="Responses API is not served"):
+        client.responses.create(model="teacher", input="hi")
+    scored = client.completions.create(model="teacher", prompt="the cat sat", max_tokens=0, echo=True, logprobs=0)
+    lps = scored.choices[0].logprobs.token_logprobs  # type: ignore[union-attr]
+    assert lps[0] is None and len(lps) >= 2 and all(lp is not None and lp < 0 for lp in lps[1:])

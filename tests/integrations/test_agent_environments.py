@@ -4,6 +4,7 @@ server: each selected by its dotted path, as the frameworks' configs do."""
 from __future__ import annotations
 
 import importlib
+import platform
 from typing import Any
 
 import httpx
@@ -73,4 +74,39 @@ async def test_the_swerex_deployment_hands_back_a_remote_runtime(tangram: Server
         assert live_envs(tangram) == 1
     finally:
         await deployment.stop()
+    assert live_envs(tangram) == 0
+
+
+@pytest.mark.parametrize("config_name", ["default.yaml", "mini.yaml", "benchmarks/swebench.yaml"])
+def test_the_stock_minisweagent_configs_run(tangram: ServerThread, config_name: str) -> None:
+    """Issue 27, item 9: the stock configs' templates render (the template variables the
+    Local and Docker environments give) and swebench.yaml's environment block loads
+    (``interpreter``; its ``cwd: /testbed`` needs an image env: replaced by a host path here);
+    ``execute`` after ``close`` says so."""
+    pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed")
+    import yaml
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import builtin_config_dir
+    from minisweagent.environments import get_environment
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    stock = yaml.safe_load((builtin_config_dir / config_name).read_text())
+    env_config = {**stock.get("environment", {}), "environment_class": "arl_tangram.integrations.minisweagent.TangramEnvironment"}
+    if env_config.get("cwd") == "/testbed":
+        env_config["cwd"] = "/workspace"
+    env = get_environment({**env_config, "url": tangram.url, "token": TOKEN, "memory": "256MiB"})
+    try:
+        model = DeterministicModel(outputs=[
+            make_output("look", [{"command": "uname -s; echo $PAGER"}]),
+            make_output("submit", [{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo done"}]),
+        ])  # fmt: skip
+        agent = DefaultAgent(model, env, **{**stock["agent"], "step_limit": 5})
+        result = agent.run("say done")
+        assert result["exit_status"] == "Submitted" and result["submission"] == "done\n"
+        if "{{system}}" in stock["agent"]["instance_template"]:  # rendered from get_template_vars
+            assert platform.uname().system in str(agent.messages[:2])
+    finally:
+        env.close()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="after close"):
+        env.execute({"command": "true"})
     assert live_envs(tangram) == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from arl_tangram.client.builtin import builtin_folders
 from arl_tangram.runtime.config import ServiceSettings
 
 
@@ -42,12 +43,14 @@ def allowed_module(module: str, settings: ServiceSettings) -> str:
 
 def allowed_folder(folder: str, settings: ServiceSettings) -> str:
     """``folder`` resolved (symlinks followed), when it is a listed folder or inside one;
-    ``Forbidden`` otherwise. A relative path is refused: it would depend on the server's
-    working directory."""
+    ``Forbidden`` otherwise; a built-in model's folder (``client.builtin``) is always allowed.
+    A relative path is refused: it would depend on the server's working directory."""
     rule = "must be a model folder the operator allows ([service] allowed_folders), or one inside it"
     if not os.path.isabs(folder):
         raise Forbidden("folder", rule + ", as an absolute path", folder)
     real = os.path.realpath(folder)
+    if real in {os.path.realpath(f) for f in builtin_folders()}:
+        return real  # the package's own model (client.builtin): safetensors, no one's code
     for entry in settings.allowed_folders:
         root = os.path.realpath(entry)
         if real == root or real.startswith(root.rstrip(os.sep) + os.sep):

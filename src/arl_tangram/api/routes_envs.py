@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from arl_tangram.api.auth import State, Tenant
+from arl_tangram.api.client_gone import wait_unless_gone
 from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.schemas import (
     ERROR_RESPONSES,
@@ -50,9 +51,10 @@ def env_view(state: ApiState, tenant: str, internal: str) -> dict[str, Any]:
 
 
 @router.post("", response_model=EnvView, status_code=201, responses=ERROR_RESPONSES)
-async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str, Any]:
+async def create_env(state: State, tenant: Tenant, body: EnvCreate, request: Request) -> Any:
     """Create a sandbox: its memory is held for its life, it uses no CPU while idle. On an
-    image (a reference or ``sha256:`` id) its node pulls the layers it lacks first."""
+    image (a reference or ``sha256:`` id) its node pulls the layers it lacks first. A
+    client that closes its connection before the answer is gone: the env is released."""
     mem_bytes = parse_size_bytes(body.memory, "memory")
     largest = state.max_env_mem_bytes()
     if mem_bytes > largest:
@@ -72,10 +74,12 @@ async def create_env(state: State, tenant: Tenant, body: EnvCreate) -> dict[str,
         workspace_bytes=parse_size_bytes(body.workspace, "workspace"), tmp_bytes=parse_size_bytes(body.tmp, "tmp"),
         writable_bytes=parse_size_bytes(body.writable, "writable"), snapshot=body.snapshot or "",
     )  # fmt: skip
-    # A task of its own: a client that goes away does not stop the creation it asked for.
+    # A task of its own, so that the release below (not a cancelled await) ends the creation.
     task = state.spawn(state.controller.create_env(spec))
-    done, _ = await asyncio.wait((task,), timeout=state.create_timeout_s)
-    if not done:
+    if not await wait_unless_gone(request, task, state.create_timeout_s):
+        state.controller.release_env(internal)  # made for no one: it would hold the pool for a lease
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    if not task.done():
         state.controller.release_env(internal)
         raise Overloaded(f"no node could place the env within create_timeout_s={state.create_timeout_s:g}", 5.0)
     task.result()  # EnvFailedError / SpecError name why

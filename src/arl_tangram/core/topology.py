@@ -199,4 +199,7 @@ def check_can_ever_fit(spec: ActionSpec, cluster: ClusterSpec) -> None:
     if not any(
         demand.cpu_millicores <= n.millicores and demand.mem_bytes <= n.mem_bytes for n in cluster.cpu_nodes
     ):
-        raise SpecError("demand", "must fit on at least one CPU node at dop_min", demand)
+        biggest = max(cluster.cpu_nodes, key=lambda n: (n.millicores, n.mem_bytes), default=None)
+        room = f" (the biggest has {biggest.millicores / 1000:g} cores and {biggest.mem_bytes} bytes)" if biggest else " (none is up)"
+        asked = f"{demand.cpu_millicores / 1000:g} cores and {demand.mem_bytes} bytes"  # a person reads this: units, no repr
+        raise SpecError("demand", f"must fit on at least one CPU node at dop_min{room}", asked)

@@ -11,6 +11,15 @@ is one scheduled action in the environment's own sandbox, whose files persist ac
 commands; nothing else does (each command is a fresh ``bash``, as in mini-swe-agent's local
 and docker environments). Synchronous: the agents are.
 
+The stock configs run unchanged (``default.yaml``, ``mini.yaml``, ``swebench.yaml``'s
+environment block): ``get_template_vars`` gives what the Local and Docker environments give
+(the config, ``platform.uname()``'s ``system``/``release``/``version``/``machine``, the
+caller's keys); ``interpreter`` runs each command (default ``bash -c``), ``image`` picks the
+env's root (an image reference or id the server can pull; the images issue's config aliases
+map public names to local ones), ``forward_env`` copies variables of this process, and the
+Docker-only keys (``executable``, ``run_args``, ``container_timeout``, ``pull_timeout``)
+are accepted and have no effect here.
+
 GRPO groups: with ``group`` set (the task's id, the same for every rollout of one task) and
 ``setup`` (the task's setup command: clone, install, build), the first environment of the
 group runs the setup and snapshots its env; the others of the group (in this process) fork
@@ -20,6 +29,8 @@ Needs an image env (``image``): the host root has no writable layer to snapshot.
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,7 +51,14 @@ class TangramEnvironmentConfig:
     cwd: str = ""
     timeout: float = 60.0
     env: dict[str, str] = field(default_factory=dict)
+    interpreter: list[str] = field(default_factory=lambda: ["bash", "-c"])
     image: str = "host"
+    forward_env: list[str] = field(default_factory=list)
+    # DockerEnvironment's keys, so that its config blocks load; they mean nothing here
+    executable: str = ""
+    run_args: list[str] = field(default_factory=list)
+    container_timeout: str = ""
+    pull_timeout: float = 0.0
     group: str = ""  # GRPO group key: members after the first fork from its set-up env
     setup: str = ""  # run once per group (by its first member), before the agent's commands
 
@@ -90,10 +108,13 @@ class TangramEnvironment:
             raise RuntimeError(f"setup: the task's setup ended {r.outcome} (exit {r.exit_code}): {r.stdout[-2000:]}")
 
     def execute(self, action: dict[str, Any] | str, cwd: str = "", *, timeout: float | None = None) -> dict[str, Any]:
+        if self._client is None:
+            raise RuntimeError("TangramEnvironment: execute after close(): the sandbox was released; make a new environment")
         command = action if isinstance(action, str) else str(action.get("command", ""))
         timeout_s = float(timeout or self.config.timeout)
+        env = {**{k: os.environ[k] for k in self.config.forward_env if k in os.environ}, **self.config.env}
         r = self._env.exec(
-            ["bash", "-c", "exec 2>&1\n" + command], cwd=cwd or self.config.cwd or None, env=self.config.env,
+            [*self.config.interpreter, "exec 2>&1\n" + command], cwd=cwd or self.config.cwd or None, env=env,
             timeout_s=timeout_s, kind="minisweagent",
         )  # fmt: skip
         if r.outcome in ("succeeded", "failed"):
@@ -115,7 +136,10 @@ class TangramEnvironment:
             raise Submitted({"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}})
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
-        return {**asdict(self.config), "token": None, "env_id": self._env.env_id, **kwargs}
+        """The config, ``platform.uname()`` (the stock templates' ``{{system}}`` and kin: the
+        sandbox runs on this kernel when the server is local) and ``kwargs``, as the Local
+        and Docker environments merge them."""
+        return {**asdict(self.config), "token": None, "env_id": self._env.env_id, **platform.uname()._asdict(), **kwargs}
 
     def serialize(self) -> dict[str, Any]:
         config = {**asdict(self.config), "token": None}  # never written into a trajectory file

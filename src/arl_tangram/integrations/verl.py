@@ -22,6 +22,7 @@ Tool YAML (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
           default_timeout: 30
           memory_limit_mb: 1024
           env_idle_s: 600
+          create_timeout_s: 60      # a call whose env cannot be placed by then: a tool error, at once
 
 GRPO groups (``group: true`` with ``image`` and ``setup``): the group key is verl's own
 per-prompt id, ``uid`` in the batch's non-tensor data, which reaches the agent loop's
@@ -31,7 +32,8 @@ The first trajectory of a group creates the env and runs ``setup`` (the tool's f
 call), then snapshots it; the group's other trajectories create their envs from that
 snapshot (a fresh writable layer over it, on its node) instead of repeating the setup.
 
-Reward (``reward.custom_reward_function``): ``path`` = this file, ``name: compute_score``,
+Reward (``reward.custom_reward_function``): ``path: pkg://arl_tangram.integrations.verl``
+(verl imports the module: right for an editable install too), ``name: compute_score``,
 ``reward_kwargs: {tangram_url: http://tangram:8080, tangram_token: <token>, timeout: 10}``;
 dataset rows carry ``reward_model.ground_truth`` = ``{"inputs": [...], "outputs": [...]}``
 (or its JSON), verl's sandbox_fusion format; the completion's last fenced block is graded.
@@ -55,7 +57,12 @@ from arl_tangram.integrations.grading import extract_code, grade, parse_cases
 #: the GRPO group (verl's ``uid``) of the trajectory this task runs; set by
 #: ``verl_group_loop.TangramToolAgentLoop``, "" when unknown
 GROUP_UID: contextvars.ContextVar[str] = contextvars.ContextVar("tangram_group_uid", default="")
-RUNNERS = {"python": ("main.py", ["python3", "main.py"]), "bash": ("main.sh", ["bash", "main.sh"])}
+RUNNERS = {
+    "python": ("main.py", ["python3", "main.py"]),
+    "bash": ("main.sh", ["bash", "main.sh"]),
+    "cpp": ("main.cpp", ["bash", "-c", "g++ -O2 -std=c++17 -o main main.cpp && ./main"]),  # the host root's g++
+}
+DEFAULT_CREATE_TIMEOUT_S = 60.0  # a call that cannot get its env by then answers the model at once
 CODE_SCHEMA = {
     "type": "function",
     "function": {
@@ -63,7 +70,10 @@ CODE_SCHEMA = {
         "description": "Run code in a sandbox that keeps its files across this conversation's calls.",
         "parameters": {
             "type": "object",
-            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "properties": {
+                "code": {"type": "string", "description": "The code to execute."},
+                "language": {"type": "string", "enum": sorted(RUNNERS), "description": "Its language (default: the tool's)."},
+            },
             "required": ["code"],
         },
     },
@@ -82,6 +92,7 @@ class TangramCodeTool(BaseTool):
             raise ValueError(f"default_language: must be one of {sorted(RUNNERS)} (got {self.language!r})")
         self.memory = f"{int(config.get('memory_limit_mb', 1024))}MiB"
         self.env_idle_s = float(config.get("env_idle_s", 600))
+        self.create_timeout_s = float(config.get("create_timeout_s", DEFAULT_CREATE_TIMEOUT_S))
         self.envs: dict[str, Env] = {}  # trajectory request id -> its env
         self.last_used: dict[str, float] = {}
         self.instances: dict[str, str] = {}  # instance id -> trajectory key ("" until known)
@@ -99,19 +110,28 @@ class TangramCodeTool(BaseTool):
         return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
-        """Run ``parameters["code"]`` in the trajectory's env; the text is stdout + stderr."""
+        """Run ``parameters["code"]`` in the trajectory's env; the text is stdout + stderr. A
+        bad call (no ``code``, an unknown language) and an env that cannot be had within
+        ``create_timeout_s`` answer the model with a text naming why, never an empty error."""
         agent_data = kwargs.get("agent_data")
         key = str(getattr(agent_data, "request_id", None) or instance_id)
         self.instances[instance_id] = key
+        code, language = parameters.get("code"), str(parameters.get("language") or self.language)
+        if not isinstance(code, str) or not code.strip():
+            return ToolResponse(text="Error: code: the call needs the program to run, as a non-empty string"), 0.0, {"outcome": "rejected"}
+        if language not in RUNNERS:
+            return ToolResponse(text=f"Error: language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
         await self._reclaim_idle()
-        env = await self._env(key)
+        try:
+            env = await self._env(key)
+        except Exception as exc:  # noqa: BLE001 - the model (and verl's log) must read why
+            why = "no node had room for it in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            text = f"Error: the sandbox is unavailable ({why}; waited at most {self.create_timeout_s:g} s for {self.memory})"
+            return ToolResponse(text=text), 0.0, {"outcome": "error"}
         if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
             agent_data.extra_fields["tangram_env_id"] = env.env_id  # compute_score may grade there
-        language = str(parameters.get("language") or self.language)
-        if language not in RUNNERS:
-            return ToolResponse(text=f"language: must be one of {sorted(RUNNERS)} (got {language!r})"), 0.0, {"outcome": "rejected"}
         source, argv = RUNNERS[language]
-        await env.write_file(source, str(parameters.get("code", "")))
+        await env.write_file(source, code)
         r = await env.exec(argv, timeout_s=self.timeout_s, kind="verl:code")
         self.last_used[key] = time.monotonic()
         text = r.stdout + r.stderr
@@ -133,10 +153,18 @@ class TangramCodeTool(BaseTool):
             return self.envs[key]
         if key not in self._creating:  # concurrent calls of one trajectory share one creation
             self._creating[key] = asyncio.ensure_future(self._create_env(key))
+        task = self._creating[key]
         try:
-            return await asyncio.shield(self._creating[key])
+            return await asyncio.shield(task)
         finally:
-            self._creating.pop(key, None)
+            if task.done():
+                self._creating.pop(key, None)
+
+    async def _placed(self, client: Any, **spec: Any) -> Env:
+        """``create_env`` bounded by ``create_timeout_s`` (a group's setup is not: it is work,
+        not waiting); on the timeout the request is abandoned, and the server releases an env
+        made for no one."""
+        return await asyncio.wait_for(client.create_env(memory=self.memory, **spec), self.create_timeout_s)
 
     async def _create_env(self, key: str) -> Env:
         client = await self.client.get()
@@ -145,14 +173,14 @@ class TangramCodeTool(BaseTool):
         if uid and uid in self._groups:  # a later trajectory of the group: from its snapshot
             snapshot_id = await asyncio.shield(self._groups[uid])
         if snapshot_id is not None:
-            env = await client.create_env(memory=self.memory, trajectory_id=key[:128], snapshot=snapshot_id)
+            env = await self._placed(client, trajectory_id=key[:128], snapshot=snapshot_id)
         else:
             leads = bool(uid) and uid not in self._groups
             done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             if leads:
                 self._groups[uid] = done
             try:
-                env = await client.create_env(memory=self.memory, trajectory_id=key[:128], image=self.image)
+                env = await self._placed(client, trajectory_id=key[:128], image=self.image)
                 if self.setup:
                     r = await env.exec(["bash", "-c", self.setup], timeout_s=max(self.timeout_s, 600.0), kind="verl:setup")
                     if not r.ok:
@@ -197,9 +225,13 @@ async def compute_score(
     passes, graded in ONE elastic action (see ``grading``): in the trajectory's own env
     when ``extra_info["tangram_env_id"]`` names a live one (the tool records it in the
     rollout's ``extra_fields``), else on a fresh env. Returns ``{"score", "acc",
-    "verdicts"}``; no code block scores 0."""
+    "verdicts"}``; no code block scores 0, and so does a ground truth verl's scorer cannot read
+    (verl's rule: the row scores 0 with an ``error``, the run goes on)."""
     code = extract_code(solution_str)
-    cases = parse_cases(ground_truth)
+    try:
+        cases = parse_cases(ground_truth)
+    except ValueError as exc:
+        return {"score": 0.0, "acc": False, "verdicts": [], "error": str(exc)}
     if code is None or not cases:
         return {"score": 0.0, "acc": False, "verdicts": []}
     endpoint = Endpoint.from_config({"tangram_url": tangram_url, "tangram_token": tangram_token, "sandbox_fusion_url": sandbox_fusion_url})

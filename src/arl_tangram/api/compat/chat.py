@@ -27,7 +27,7 @@ from arl_tangram.api.compat.openai_face import _face, _parse, _service, call_ser
 from arl_tangram.api.state import ApiState
 from arl_tangram.runtime.actions import ActionRecord, read_result
 
-router = APIRouter(tags=["openai"], include_in_schema=False)
+router = APIRouter(tags=["openai"])  # in /openapi.json, tagged: a reader or a client generator sees the face
 
 
 class Message(BaseModel):

@@ -35,7 +35,7 @@ from arl_tangram.core.action import ActionSpec, Binding
 from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.runtime.actions import ActionRecord, ActionResult, ServicePayload, read_result
 
-router = APIRouter(tags=["openai"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's
+router = APIRouter(tags=["openai"], route_class=JsonBodyRoute)  # its contract is OpenAI's and vLLM's; in /openapi.json under its tag
 MAX_INPUTS = 256
 
 
@@ -57,6 +57,7 @@ class EmbeddingsBody(BaseModel):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: str = "float"
+    dimensions: int | None = Field(None, ge=1)  # honoured as OpenAI does: the first N, re-normalised
 
 
 class CompletionsBody(BaseModel):
@@ -190,12 +191,34 @@ async def embeddings(request: Request) -> Response:
         output = await call_service(state, tenant, internal, {"input": body.input})
         data = []
         for row in output["data"]:
-            vector = row["embedding"]
+            vector = shorten(row["embedding"], body.dimensions)
             encoded: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode() if body.encoding_format == "base64" else vector
             data.append({"object": "embedding", "index": row["index"], "embedding": encoded})
-        return {"object": "list", "data": data, "model": body.model, "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+        num_tokens = sum(int(row.get("num_tokens", 0)) for row in output["data"])
+        return {"object": "list", "data": data, "model": body.model, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
     return await _face(request, work)
+
+
+def shorten(vector: list[float], dimensions: int | None) -> list[float]:
+    """OpenAI's ``dimensions``: the first N components, L2-normalised again; more than the
+    model has is a 400 naming the field (never silently ignored)."""
+    if dimensions is None or dimensions == len(vector):
+        return vector
+    if dimensions > len(vector):
+        raise OpenAIError(400, f"dimensions: must be at most the model's {len(vector)}", param="dimensions")
+    head = vector[:dimensions]
+    norm = sum(x * x for x in head) ** 0.5 or 1.0
+    return [x / norm for x in head]
+
+
+@router.post("/v1/responses")
+@router.get("/v1/responses/{response_id}")
+async def responses(request: Request) -> Response:
+    """Not served: a 404 in OpenAI's shape (the ``openai`` client raises ``NotFoundError``
+    with this message), pointing at the route that is."""
+    message = "The Responses API is not served here; use /v1/chat/completions (or /v1/completions)."
+    return OpenAIError(404, message, "invalid_request_error", None, "unknown_url").response()
 
 
 def _token_text(token_id: int) -> str:

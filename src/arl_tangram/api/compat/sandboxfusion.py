@@ -12,7 +12,10 @@ and gives the sandbox back to be reset. Status rules (verl's client depends on t
   ``Retry-After``, the one status verl retries;
 - an invalid body, a language this host cannot run, bad base64 -> 422 naming the field.
 Served at the root for an unauthenticated server's ``default`` tenant and under
-``/t/<token>/`` for a token's tenant.
+``/t/<token>/`` for a token's tenant (``/v1/ping`` too). Output past the CPU manager's cap
+is cut: the step's ``stdout_truncated`` / ``stderr_truncated`` say so (fields the client's
+models ignore) and its stderr ends with a ``[truncated: ...]`` line. A run whose client
+closed the connection before the answer is cancelled at once (its sandbox retired).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import binascii
 import math
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from arl_tangram.api.client_gone import wait_unless_gone
 from arl_tangram.api.compat import jupyter
 from arl_tangram.api.compat.languages import resolve
 from arl_tangram.api.compat.pool import env_cpu, run_env_action
@@ -39,7 +43,7 @@ from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
 MAX_FILES = 1000
-router = APIRouter(tags=["sandboxfusion"], include_in_schema=False, route_class=JsonBodyRoute)  # its contract is SandboxFusion's, not our OpenAPI
+router = APIRouter(tags=["sandboxfusion"], route_class=JsonBodyRoute)  # its contract is SandboxFusion's; documented in /openapi.json under its tag
 
 
 class RunCodeRequest(BaseModel):
@@ -77,9 +81,13 @@ def command_result(r: ActionResult) -> dict[str, Any]:
     else:
         status, code = "Error", r.exit_code
         stderr = f"{stderr}\n{r.cause or r.outcome}".lstrip("\n")
+    for stream, cut in (("stdout", r.stdout_truncated), ("stderr", r.stderr_truncated)):
+        if cut:  # stdout stays byte-exact (graders compare it); the sign goes to stderr
+            stderr += f"\n[truncated: {stream} exceeded the output cap; the rest was dropped]"
     return {
         "status": status, "execution_time": r.exec_s, "cpu_time": r.cpu_s, "return_code": code,
         "stdout": r.stdout, "stderr": stderr,
+        "stdout_truncated": r.stdout_truncated, "stderr_truncated": r.stderr_truncated,
     }  # fmt: skip
 
 
@@ -184,14 +192,19 @@ def overloaded_response(exc: Exception) -> JSONResponse:
 
 async def _serve(request: Request, work: Any) -> Any:
     """Tenant, then ``work(compat, tenant)`` as a task of its own (a client that goes away
-    does not strand a borrowed sandbox); overload -> 504, no credential -> 401."""
+    does not strand a borrowed sandbox: the task is cancelled, which cancels its action and
+    gives the sandbox back); overload -> 504, no credential -> 401."""
     compat = compat_state(request)
     try:
         tenant = tenant_for(compat.api, request.path_params.get("token"))
     except Unauthorized as exc:
         return JSONResponse({"detail": f"{exc}; SandboxFusion callers put it in the path: /t/<token>/run_code"}, 401)
+    task = compat.api.spawn(work(compat, tenant))
     try:
-        return await asyncio.shield(compat.api.spawn(work(compat, tenant)))
+        if not await wait_unless_gone(request, task, None):
+            task.cancel()  # nobody reads this run's answer: stop it now
+            return Response(status_code=499)
+        return task.result()
     except Overloaded as exc:
         return overloaded_response(exc)
     except Exception as exc:
@@ -201,7 +214,14 @@ async def _serve(request: Request, work: Any) -> Any:
 
 
 @router.get("/v1/ping")
-async def ping() -> str:
+@router.get("/t/{token}/v1/ping")
+async def ping(request: Request) -> Any:
+    """``"pong"``; under ``/t/<token>/`` only for a token the server knows (401 else)."""
+    if "token" in request.path_params:
+        try:
+            tenant_for(compat_state(request).api, request.path_params["token"])
+        except Unauthorized as exc:
+            return JSONResponse({"detail": str(exc)}, 401)
     return "pong"
 
 

@@ -16,8 +16,10 @@ traceback, extra_info}}`` so the client re-raises them: ``CommandTimeoutError``,
 (a SWE task's repo at ``/testbed``) reads, writes and uploads may name any absolute path
 inside the sandbox: the CPU manager resolves them inside the sandbox's own root, so a
 symlink in the image never reaches a host file. A repeated ``X-Request-ID`` gets the
-first answer again. ``close`` closes the env's sessions; the env itself is released by
-whoever created it. Interactive commands (``expect``) are not supported (a clear error).
+first answer again. ``close`` ends the runtime as SWE-ReX's server does: its sessions
+close and the env is released (a deployment's later release is a no-op). An env that does
+not exist (never made, released, expired) is SWE-ReX's ``SwerexException`` (511), which the
+client re-raises, not a bare 404. Interactive commands (``expect``) are not supported (a clear error).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from arl_tangram.api.state import DEFAULT_TENANT, NotFound
 from arl_tangram.core.errors import SpecError
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 
-router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], include_in_schema=False, route_class=JsonBodyRoute)  # SWE-ReX's contract
+router = APIRouter(prefix="/swerex/{env_id}", tags=["swerex"], route_class=JsonBodyRoute)  # SWE-ReX's contract; in /openapi.json under its tag
 DEFAULT_TIMEOUT_S = 3600.0  # SWE-ReX's ``timeout: None``: no limit of its own; ours is an hour
 MAX_UNZIPPED_BYTES = 1 << 30  # an archive's members together, unpacked
 MAX_REPLIES = 64
@@ -88,8 +90,8 @@ async def _face(request: Request, env_id: str, work: Any) -> Response:
         internal = state.env_internal(tenant, env_id)
     except Unauthorized:
         return JSONResponse({"detail": "Invalid API Key"}, status_code=401)
-    except NotFound as exc:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    except NotFound as exc:  # the client re-raises a 511 as SWE-ReX's own exception
+        return SwerexError(f"{EXC}SwerexException", f"no such environment {env_id!r} (never created, released or expired): {exc}").response()
     env = compat.swerex_envs.setdefault(internal, SwerexEnv())
     request_id = request.headers.get("x-request-id")
     if request_id is not None and request_id in env.replies:
@@ -302,6 +304,8 @@ async def close(request: Request, env_id: str) -> Response:
         for name in list(env.sessions):
             await asyncio.to_thread(cpu.close_session, env.sessions.pop(name))
         compat.swerex_envs.pop(internal, None)
+        compat.api.sessions.pop(internal, None)
+        compat.api.controller.release_env(internal)  # the runtime is over, as SWE-ReX's close ends its server
         return {}
 
     return await _face(request, env_id, work)

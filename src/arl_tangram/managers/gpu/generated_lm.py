@@ -134,3 +134,39 @@ def generate_chat_lm(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+TOKENIZER_CACHE = Path.home() / ".cache" / "arl-tangram" / "tokenizers"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def shared_tokenizer(cache: Path = TOKENIZER_CACHE) -> Path:
+    """The folder of ``build_tokenizer()``'s files, trained once per machine (training takes
+    tens of seconds on a busy host; every generated model after that copies three files).
+    Written atomically, like the models."""
+    target = cache / f"bpe-{GENERATED_VOCAB_SIZE}-v1"
+    if (target / "tokenizer.json").exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".arl-tangram-tok-", dir=cache))
+    try:
+        build_tokenizer().save_pretrained(str(staging))
+        if not target.exists():
+            os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def add_tokenizer(folder: Path) -> None:
+    """Give a generated model folder the generated tokenizer (its vocabulary is the model's),
+    so that string prompts work on it; a folder that has one is left as it is."""
+    if (folder / "tokenizer.json").exists():
+        return
+    source = shared_tokenizer()
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            part = folder / f".{name}.part"
+            shutil.copyfile(source / name, part)
+            os.replace(part, folder / name)  # tokenizer.json last-but-whole: never half a file

@@ -143,7 +143,7 @@ class EmbedHandler(Handler):
         for item in items:
             rows = vectors[cursor : cursor + len(item)]
             cursor += len(item)
-            out.append({"data": [{"index": i, "embedding": row} for i, row in enumerate(rows)]})
+            out.append({"data": [{"index": i, "embedding": row, "num_tokens": len(seq)} for i, (row, seq) in enumerate(zip(rows, item, strict=True))]})
         return out
 
 

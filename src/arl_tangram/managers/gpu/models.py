@@ -140,7 +140,8 @@ def _intermediate(hidden: int) -> int:
 def generate_causal_lm(
     cache_dir: str | Path, size_bytes: int, seed: int = 0, dtype: str = "float32", num_labels: int = 0
 ) -> Path:
-    """Folder of a causal LM of about ``size_bytes`` with weights drawn from ``seed``; with
+    """Folder of a causal LM of about ``size_bytes`` with weights drawn from ``seed`` and the
+    generated tokenizer (``generated_lm.add_tokenizer``: its vocabulary is the model's); with
     ``num_labels`` > 0, a sequence-classification (reward) head of that many classes instead
     of the LM head (load it as a ``classify`` service).
 
@@ -151,7 +152,10 @@ def generate_causal_lm(
     cache = Path(cache_dir)
     head = f"-cls{num_labels}" if num_labels > 0 else ""
     target = cache / f"causal-lm-{size_bytes}-seed{seed}-{dtype}{head}"
+    from arl_tangram.managers.gpu.generated_lm import add_tokenizer  # it builds on this module
+
     if (target / "config.json").exists():
+        add_tokenizer(target)  # folders generated before models came with a tokenizer
         return target
     tf = _transformers()
     import torch
@@ -174,6 +178,7 @@ def generate_causal_lm(
     staging = Path(tempfile.mkdtemp(prefix=".arl-tangram-gen-", dir=cache))
     try:
         module.save_pretrained(str(staging), safe_serialization=True)
+        add_tokenizer(staging)  # string prompts work: the generated BPE has the model's vocabulary
         if not target.exists():  # another process may have won the race: keep its copy
             os.replace(staging, target)
     finally:

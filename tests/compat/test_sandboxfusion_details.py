@@ -1,0 +1,39 @@
+"""SandboxFusion details a real client tripped over (issue 27, item 6): ``/v1/ping`` under
+a tenant's ``/t/<token>/`` prefix, a sign that output was cut at the cap (the ``sandbox-fusion``
+client reads the run, raw JSON the flags), and a run whose client gave up is cancelled."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.compat.conftest import needs_sandbox_host, serve_compat
+
+pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client package is not installed")
+from sandbox_fusion import RunCodeRequest, run_code  # noqa: E402
+
+TOKEN = "tok-details"
+
+
+def test_ping_under_the_token_prefix_truncation_and_cancel_on_disconnect() -> None:
+    needs_sandbox_host()
+    with serve_compat(tokens={TOKEN: "alice"}) as s:
+        base = f"{s.url}/t/{TOKEN}"
+        assert httpx.get(f"{base}/v1/ping").json() == "pong"
+        assert httpx.get(f"{s.url}/t/wrong/v1/ping").status_code == 401
+
+        big = run_code(RunCodeRequest(code="import sys; sys.stdout.write('y' * (3 << 20))", language="python"), endpoint=base, max_attempts=1)
+        assert big.run_result is not None and len(big.run_result.stdout or "") == 1 << 20  # the cap
+        assert "[truncated: stdout exceeded the output cap" in (big.run_result.stderr or "")
+        raw = httpx.post(f"{base}/run_code", json={"code": "print('x' * 10)"}, timeout=60).json()
+        assert raw["run_result"]["stdout_truncated"] is False and "truncated" not in raw["run_result"]["stderr"]
+
+        controller = s.app.state.api.controller
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up on a 60 s program after 1.5 s
+            httpx.post(f"{base}/run_code", json={"code": "import time; time.sleep(60)", "run_timeout": 120}, timeout=1.5)
+        deadline = time.monotonic() + 10
+        while controller.loop.state.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not controller.loop.state.running, "the abandoned run was cancelled"
