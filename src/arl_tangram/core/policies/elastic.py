@@ -6,9 +6,9 @@ Evict-on-Execution; API actions pass a global token bucket. Envs hold memory onl
 
 from __future__ import annotations
 
+from arl_tangram.core import preemption
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.errors import SpecError
-from arl_tangram.core import preemption
 from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, services
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.state import QueuedAction, StateEditor
