@@ -40,11 +40,21 @@ class LiteRunner:
         self.driver.create_root()
         self.cpus = read_topology().cpus
         self._ids = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._in_flight = 0
 
     def run(self, code: str, stdin: str | None, timeout_s: float) -> dict[str, Any]:
         with self._lock:
             name = f"r{next(self._ids)}"
+            self._in_flight += 1
+        try:
+            return self._run(name, code, stdin, timeout_s)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._lock.notify_all()
+
+    def _run(self, name: str, code: str, stdin: str | None, timeout_s: float) -> dict[str, Any]:
         self.driver.create_sandbox(name, MEM_BYTES, PIDS_MAX, self.cpus)
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(code)
@@ -58,8 +68,9 @@ class LiteRunner:
                 out, err = proc.communicate((stdin or "").encode(), timeout=timeout_s)
                 status, code_rc = "Finished", proc.returncode
             except subprocess.TimeoutExpired:
+                proc.kill()  # the program itself (sh exec'd it), then anything it started
                 self.driver.kill_sandbox(name, spare_host=False)
-                out, err = proc.communicate()
+                out, err = proc.communicate(timeout=30)
                 status, code_rc = "TimeLimitExceeded", None
             elapsed = time.monotonic() - started
         finally:
@@ -72,7 +83,11 @@ class LiteRunner:
         return {"status": "Success" if ok else "Failed", "message": "", "compile_result": None, "run_result": run,
                 "executor_pod_name": None, "files": {}}  # fmt: skip
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 120.0) -> None:
+        """Wait for runs in flight (a client that gave up leaves its run going), then
+        remove the root group."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._in_flight == 0, wait_s)
         self.driver.remove_root()
 
 
