@@ -41,3 +41,12 @@ def test_a_demoted_action_runs_on_unchanged_and_its_weight_comes_back(manager: C
     assert _shares(manager, sandbox) == 1024  # restored when the slot ended
     handle.demote()  # detached: a late demotion changes nothing
     assert _shares(manager, sandbox) == 1024
+
+
+def test_a_run_near_its_limit_is_never_demoted(manager: CpuManager, sandbox: str) -> None:
+    handle = RunHandle()  # timeout 1 s: all of it is the final window, run at its normal weight
+    runner = threading.Thread(target=lambda: manager.exec(sandbox, "sleep 0.5", timeout_s=1.0, handle=handle))
+    runner.start()
+    time.sleep(0.2)
+    assert not handle.demote()
+    runner.join(10)

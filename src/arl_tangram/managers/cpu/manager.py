@@ -430,7 +430,7 @@ class CpuManager:
                 dop_now = g.dop or max(1, len(seen))
                 env_all = {**self.base_env(sandbox_id, dop_now), **req.env, "TANGRAM_DOP": str(dop_now)}
                 if handle is not None:
-                    handle.attach(sb, slot)
+                    handle.attach(sb, slot, req.timeout_s)
                 return run_action(sb, self.driver, slot, ActionRequest(**{**req.__dict__, "env": env_all}), (seen, g.millicores), cancel)
             finally:
                 if handle is not None:

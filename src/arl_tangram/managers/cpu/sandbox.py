@@ -290,6 +290,13 @@ class Sandbox:
             self._apply()
             return True
 
+    def promote(self) -> None:
+        """Undo ``demote``'s floor weight while the slot still runs (its run nears its limit)."""
+        with self.lock:
+            if self._demoted and self.state in _LIVE:
+                h = self.holding
+                self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
+
     def add_grant(self, millicores: int) -> int:
         """A sandbox-wide grant with no slot (``CpuManager.grant``); returns its token."""
         with self.lock:
