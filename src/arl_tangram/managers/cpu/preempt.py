@@ -7,6 +7,9 @@ and detaches it before the slot ends; ``demote`` may come from any thread at any
 Demotion is ``Sandbox.demote``: the program keeps running, unchanged, at the floor CPU
 weight on all of the sandbox's cpus; its exclusive cores were re-granted by the core.
 
+A run slow only because the host is contended has used little CPU: it is demoted only
+once it has used ``MIN_CPU_S`` (tried again every ``RETRY_S``), so a demotion lands on
+programs that compute for long, not on short ones that waited for a cpu.
 A verdict must never change because we demoted a run: its timeout is wall time (as
 SandboxFusion's), so a run is never demoted within ``final_window_s(timeout)`` of its
 limit, and a demoted one gets its normal weight back when it enters that window (a
@@ -17,8 +20,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from arl_tangram.managers.cpu.sandbox import Sandbox
+
+MIN_CPU_S = 0.2  # assumption: a run is demoted once it has *used* this much CPU, not merely waited
+RETRY_S = 0.1  # how often a wanted demotion is tried again until it has
 
 
 def final_window_s(timeout_s: float) -> float:
@@ -66,11 +73,25 @@ class RunHandle:
         promote_in_s = self._limit_at - self._window_s - time.monotonic()
         if promote_in_s <= 0:
             return  # near its limit: never demoted
-        self.demoted = self._at[0].demote(self._at[1])
+        sandbox, slot = self._at
+        if sandbox.slot_cpu_s(slot) < MIN_CPU_S:
+            self._arm(min(RETRY_S, promote_in_s), self._retry)
+            return
+        self.demoted = sandbox.demote(slot)
         if self.demoted:
-            self._timer = threading.Timer(promote_in_s, self._promote)
-            self._timer.daemon = True
-            self._timer.start()
+            self._arm(promote_in_s, self._promote)
+
+    def _arm(self, after_s: float, fn: Callable[[], None]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()  # one timer at a time: ``detach`` cancels the one there is
+        self._timer = threading.Timer(after_s, fn)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _retry(self) -> None:
+        with self._lock:
+            if self._at is not None and not self.demoted:
+                self._demote_locked()
 
     def _promote(self) -> None:
         with self._lock:

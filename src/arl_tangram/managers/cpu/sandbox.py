@@ -275,6 +275,11 @@ class Sandbox:
             self._apply()
             self._settle()
 
+    def slot_cpu_s(self, slot: str) -> float:
+        """CPU seconds the slot's current run has used (its counters reset at its start)."""
+        with self.lock:
+            return self._driver.slot_cpu_ns(self.group, slot) / 1e9 if slot in self._slots else 0.0
+
     def demote(self, slot: str) -> bool:
         """Preemption (``core.preemption``): the running action in ``slot`` keeps running,
         unchanged, on all of the sandbox's cpus at the floor CPU weight, so it gets only
