@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # no torch, httpx or cgroup code at import
     from arl_tangram.managers.api.results import ApiRequest, ApiResult
     from arl_tangram.managers.cpu.config import SandboxSpec
+    from arl_tangram.managers.cpu.preempt import RunHandle
     from arl_tangram.managers.cpu.results import ExecResult
     from arl_tangram.managers.gpu.service import ServiceInfo
 
@@ -53,6 +54,7 @@ class CpuPort(Protocol):
         stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
         background: bool = False, on_output: Callable[[str, bytes], None] | None = None,
+        handle: RunHandle | None = None,
     ) -> ExecResult: ...  # fmt: skip
 
     def run_in_session(

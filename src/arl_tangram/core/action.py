@@ -63,6 +63,11 @@ class ActionSpec:
     ``retryable``: the client says running it twice is harmless. When the node running it is
     lost, the core queues it again (elsewhere) instead of ending it ``error`` / ``node_lost``,
     unless its env went with the node (bounded: ``scheduler.MAX_ATTEMPTS``).
+
+    ``deadline_s``: seconds after submission by which the caller needs the result (None: no
+    deadline). An action that can no longer start in time (``core.preemption``) ends
+    ``rejected`` with a reason starting ``deadline:``, a retryable outcome, instead of
+    running into the caller's own timeout.
     """
 
     action_id: str
@@ -79,6 +84,7 @@ class ActionSpec:
     t_ori_s: float | None = None
     timeout_s: float | None = None
     retryable: bool = False
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.action_id:
@@ -109,6 +115,7 @@ class ActionSpec:
             raise SpecError("elasticity", "must be an ElasticityModel", self.elasticity)
         _check_positive_finite("t_ori_s", self.t_ori_s)
         _check_positive_finite("timeout_s", self.timeout_s)
+        _check_positive_finite("deadline_s", self.deadline_s)
         if not isinstance(self.retryable, bool):
             raise SpecError("retryable", "must be a boolean", self.retryable)
 

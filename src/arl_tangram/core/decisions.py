@@ -126,6 +126,21 @@ class RetryAction:
 
 
 @dataclass(frozen=True)
+class PreemptAction:
+    """Demote a running action below every action granted cores (``core.preemption``): the
+    core has already given its cores back (its memory stays granted). The manager keeps the
+    program running, unchanged, at the floor CPU priority on the node's cpus, so it uses
+    only what granted actions leave idle; it ends as it would have (its ``ActionFinished``
+    frees the rest). Idempotent: an action already demoted or ended is left alone."""
+
+    action_id: str
+    node_id: str
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
 class PullImage:
     """Pull ``image`` into ``node_id``'s image store (fetch and unpack the layers it lacks).
     ``layers`` lists the digests this pull brings that no other pull on the node does
@@ -141,4 +156,7 @@ class PullImage:
     stimulus_id: str = ""
 
 
-Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction | PullImage
+Decision = (
+    StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction
+    | PullImage | PreemptAction
+)

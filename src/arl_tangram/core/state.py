@@ -41,6 +41,12 @@ class Running:
     numa_millicores: tuple[int, ...] = ()
     seq: int = 0  # its place in the queue, kept for a retry (it goes back where it was)
     attempt: int = 1  # only this attempt's ``ActionFinished`` ends it
+    # Pause bookkeeping (core.preemption; memory pauses too): when the current pause began
+    # (None: not paused), the sum of finished pauses, and why ("preempted" | "memory").
+    # A preempted action has given its cores back (``grant`` then holds its memory only).
+    paused_since_s: float | None = None
+    paused_s: float = 0.0
+    pause_cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)

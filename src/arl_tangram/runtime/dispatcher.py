@@ -29,6 +29,7 @@ from arl_tangram.core.decisions import (
     EvictService,
     LoadService,
     PlaceEnv,
+    PreemptAction,
     PullImage,
     RejectAction,
     ReleaseEnv,
@@ -46,6 +47,7 @@ from arl_tangram.core.events import (
     ReplicaFailed,
     ServiceReady,
 )
+from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.runtime.actions import (
     ActionRecord,
     ActionResult,
@@ -87,11 +89,14 @@ class LiveExecutor(Executor):
         self.env_specs = env_specs
         self.before_run = before_run
         self.pool = concurrent.futures.ThreadPoolExecutor(worker_threads, thread_name_prefix="tangram-worker")
+        # Demotions must not wait behind the runs that fill the worker pool: a thread of their own.
+        self.control_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tangram-control")
         self.tasks: set[asyncio.Task[Any]] = set()
         self.env_waiters: dict[str, asyncio.Future[str | None]] = {}  # env id -> None or why it failed
         self.replica_ready: dict[str, asyncio.Future[str | None]] = {}  # replica id -> None or why it failed
         self.replica_nodes: dict[str, str] = {}  # replica id -> the node it was loaded on
         self.cancels: dict[str, threading.Event] = {}  # running action -> its cancel flag
+        self.handles: dict[str, RunHandle] = {}  # running exec action -> its demotion handle
         self.running_tasks: dict[str, asyncio.Task[Any]] = {}
         self.lost_nodes: set[str] = set()  # a NodeLost was posted for them, no NodeJoined since
         self.closed = False
@@ -218,17 +223,20 @@ class LiveExecutor(Executor):
             self._finish(record, d, ActionResult(d.action_id, record.spec.kind, "succeeded"), 0.0)
             return
         self.cancels[d.action_id] = threading.Event()
+        if isinstance(record.payload, ExecPayload):
+            self.handles[d.action_id] = RunHandle()
         self.running_tasks[d.action_id] = self._spawn(self._run(record, d), f"action:{d.action_id}")
 
     async def _run(self, record: ActionRecord, d: StartAction) -> None:
         payload = record.payload
         cancel = self.cancels[d.action_id]
         task = self.running_tasks[d.action_id]
+        handle = self.handles.get(d.action_id)
         try:
             if self.before_run is not None:
                 await self.before_run(record)
             if isinstance(payload, ExecPayload):
-                result, exec_s = await run_exec(self, self._agent(d.node_id), record, d, payload, cancel)
+                result, exec_s = await run_exec(self, self._agent(d.node_id), record, d, payload, cancel, handle)
             elif isinstance(payload, ServicePayload):
                 result, exec_s = await run_service(self, self._agent(d.node_id), record, d, payload, cancel)
             elif isinstance(payload, ApiPayload):
@@ -248,6 +256,8 @@ class LiveExecutor(Executor):
                 del self.cancels[d.action_id]
             if self.running_tasks.get(d.action_id) is task:
                 del self.running_tasks[d.action_id]
+            if handle is not None and self.handles.get(d.action_id) is handle:
+                del self.handles[d.action_id]
         self._finish(record, d, result, exec_s)
 
     def _api_agent(self) -> NodeAgent:
@@ -275,6 +285,14 @@ class LiveExecutor(Executor):
 
     def cancel_action(self, d: CancelAction) -> None:
         self._stop(d.action_id)
+
+    def preempt_action(self, d: PreemptAction) -> None:
+        """Demote a running exec (its cores were re-granted by the core): a worker thread
+        lowers its slot's CPU weight; it runs on and ends as it would have."""
+        handle = self.handles.get(d.action_id)
+        if handle is not None:
+            demote = asyncio.get_running_loop().run_in_executor(self.control_pool, handle.demote)
+            self._spawn(_awaited(demote), f"preempt:{d.action_id}")
 
     def retry_action(self, d: RetryAction) -> None:
         """The attempt's node is lost and the core queued the action again: stop what is
@@ -312,7 +330,12 @@ class LiveExecutor(Executor):
             if not waiter.done():
                 waiter.set_result("the controller closed")
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.control_pool.shutdown(wait=True, cancel_futures=True)
 
+
+
+async def _awaited(fut: asyncio.Future[Any]) -> Any:
+    return await fut
 
 
 def _timed(record: ActionRecord, result: ActionResult, exec_s: float) -> ActionResult:

@@ -28,6 +28,7 @@ from arl_tangram.core.decisions import (
     EvictService,
     LoadService,
     PlaceEnv,
+    PreemptAction,
     PullImage,
     RejectAction,
     ReleaseEnv,
@@ -98,6 +99,12 @@ class Executor(abc.ABC):
         any other raising here is a bug worth seeing, not an order to ignore."""
         raise NotImplementedError(f"{type(self).__name__} cannot retry {d.action_id}: it loses no nodes")
 
+    def preempt_action(self, d: PreemptAction) -> None:
+        """Demote a running action (``core.preemption``). The live executor lowers its CPU
+        priority; one that cannot (the simulator today) lets it run on as it was, which
+        overstates the capacity a demotion frees, so the sim keeps preemption off."""
+        return None
+
     def pull_image(self, d: PullImage) -> None:
         """Only an executor with image stores sees this (the live one overrides it); the
         core orders pulls only for envs on images, which no other executor is given."""
@@ -113,6 +120,7 @@ class Executor(abc.ABC):
         CancelAction: lambda ex, d: ex.cancel_action(d),  # type: ignore[arg-type]
         RetryAction: lambda ex, d: ex.retry_action(d),  # type: ignore[arg-type]
         PullImage: lambda ex, d: ex.pull_image(d),  # type: ignore[arg-type]
+        PreemptAction: lambda ex, d: ex.preempt_action(d),  # type: ignore[arg-type]
     }
 
 

@@ -30,11 +30,13 @@ from arl_tangram.runtime.actions import (
 )
 
 if TYPE_CHECKING:
+    from arl_tangram.managers.cpu.preempt import RunHandle
     from arl_tangram.runtime.dispatcher import LiveExecutor
 
 
 async def run_exec(
-    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ExecPayload, cancel: threading.Event
+    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ExecPayload, cancel: threading.Event,
+    handle: RunHandle | None = None,
 ) -> tuple[ActionResult, float]:
     """A command in the env's sandbox (or one of its sessions) with exactly the decision's
     grant: its millicores, split over NUMA domains as the decision names, at its DoP."""
@@ -60,7 +62,7 @@ async def run_exec(
 
         res = await ex.blocking(
             cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, stdin=p.stdin,
-            on_output=on_output, **common,
+            on_output=on_output, handle=handle, **common,
         )  # fmt: skip
     outcome = str(getattr(res.outcome, "value", res.outcome))
     result = ActionResult(

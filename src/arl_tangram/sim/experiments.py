@@ -19,6 +19,7 @@ from arl_tangram.core.policies.registry import make_policy
 from arl_tangram.core.topology import ClusterSpec, GpuNodeSpec, uniform_cluster
 from arl_tangram.sim import platform as platforms
 from arl_tangram.sim.bound import capacity_bound, instance_from_run
+from arl_tangram.sim.processor_sharing import processor_sharing_mean_act_s
 from arl_tangram.sim.runner import Simulation
 from arl_tangram.sim.workload import Workload
 from arl_tangram.sim.workloads.coding import CodingParams, coding_workload
@@ -117,6 +118,7 @@ def execute(spec: RunSpec) -> dict[str, Any]:
         inst = instance_from_run(workload.trajectories, m.actions, cores, PLATFORMS[spec.platform].action_overhead_s)
         b = capacity_bound(inst)
         row["bound"] = {"mean_s": b.mean_s, "ideal_mean_s": b.ideal_mean_s, "iterations": b.iterations, "actions": len(inst.arrivals_s)}
+        row["processor_sharing"] = {"mean_s": processor_sharing_mean_act_s(inst)}  # same arrivals (sim/processor_sharing.py)
     if cores:
         row["cpu"] = m.utilisation("cpu", cores)
         row["cpu_series"] = [s.tolist() for s in m.reserved["cpu"].series(step, 100)] + [m.used["cpu"].series(step, 100)[1].tolist()]

@@ -50,14 +50,17 @@ def env_cpu(state: ApiState, env_id: str) -> Any:
     return cpu
 
 
-async def run_env_action(state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload) -> ActionResult:
-    """Submit one single-core action on the env (internal id) and await its one result.
+async def run_env_action(
+    state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload, deadline_s: float | None = None
+) -> ActionResult:
+    """Submit one single-core action on the env (internal id) and await its one result
+    (``deadline_s``: the caller's, ``ActionSpec.deadline_s``).
     ``Overloaded`` (or the runtime's limit errors) propagate with nothing queued. The
     result is acknowledged here: the caller holds the only copy it needs."""
     spec = ActionSpec(
         state.scoped(tenant, new_id("cx")), kind, Binding("env", env_id), tenant,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=1, dop_max=1, elasticity=NonElastic(),
-        timeout_s=payload.timeout_s,
+        timeout_s=payload.timeout_s, deadline_s=deadline_s,
     )  # fmt: skip
     record = state.submit(spec, payload, None)
     try:
@@ -110,13 +113,15 @@ class CodeEnvPool:
             self.buckets[key] = _Bucket(asyncio.Condition())
         return self.buckets[key]
 
-    async def acquire(self, tenant: str, mem_bytes: int) -> str:
+    async def acquire(self, tenant: str, mem_bytes: int, timeout_s: float | None = None) -> str:
         """An env (internal id) for the caller alone until ``release``. Raises ``Overloaded``
-        when none frees within ``acquire_timeout_s``; ``EnvFailedError`` if a new one fails."""
+        when none frees within ``acquire_timeout_s`` (or ``timeout_s``, when shorter: the
+        caller's deadline); ``EnvFailedError`` if a new one fails."""
         if self.closed:
             raise Overloaded("the service is shutting down", 5.0)
         bucket = self._bucket(tenant, mem_bytes)
-        deadline = time.monotonic() + self.acquire_timeout_s
+        wait_s = self.acquire_timeout_s if timeout_s is None else min(self.acquire_timeout_s, max(0.0, timeout_s))
+        deadline = time.monotonic() + wait_s
         async with bucket.changed:
             while True:
                 while bucket.idle:

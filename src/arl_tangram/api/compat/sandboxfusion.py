@@ -11,6 +11,16 @@ and gives the sandbox back to be reset. Status rules (verl's client depends on t
 - overload (no sandbox frees in time, the queue or a tenant limit is full) -> 504 with
   ``Retry-After``, the one status verl retries;
 - an invalid body, a language this host cannot run, bad base64 -> 422 naming the field.
+Deadline rule (``deadline_end``): verl's client gives a call ``compile_timeout +
+run_timeout + 10`` s (its ``API_TIMEOUT``) including queue time, then scores it a sandbox
+error. We answer by that budget less ``DEADLINE_SLACK_S``: waiting for a sandbox is bounded
+by it, the compile step must start while the compile and the run still fit, the run while
+``run_timeout`` still fits (``ActionSpec.deadline_s``; the core ends a run that cannot
+start in time ``rejected``/``deadline:``); each miss is a 504, which verl retries.
+Timeouts: ``run_timeout`` (and ``compile_timeout``) is wall time from the step's start,
+as SandboxFusion's own; preemption (``core.preemption``) lowers a long run's CPU priority
+but never pauses its clock, so a looping program dies at its timeout whatever it was
+granted.
 Served at the root for an unauthenticated server's ``default`` tenant and under
 ``/t/<token>/`` for a token's tenant (``/v1/ping`` too). Output past the CPU manager's cap
 is cut: the step's ``stdout_truncated`` / ``stderr_truncated`` say so (fields the client's
@@ -24,6 +34,7 @@ import asyncio
 import base64
 import binascii
 import math
+import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -38,10 +49,13 @@ from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_sta
 from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.state import Overloaded
 from arl_tangram.core.errors import SpecError
+from arl_tangram.core.preemption import DEADLINE_PREFIX
 from arl_tangram.runtime.actions import ActionResult, ExecPayload
 from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
+VERL_CLIENT_MARGIN_S = 10.0  # verl 0.9.1's API_TIMEOUT: its read timeout is compile + run + this
+DEADLINE_SLACK_S = 3.0  # our answer (a 504 included) must reach the client before it gives up
 MAX_FILES = 1000
 router = APIRouter(tags=["sandboxfusion"], route_class=JsonBodyRoute)  # its contract is SandboxFusion's; documented in /openapi.json under its tag
 
@@ -155,8 +169,9 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
     lang = resolve(body.language)
     files = decode_files(body.files)
     mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
+    end = deadline_end(body, time.monotonic())
     try:
-        env_id = await compat.pool.acquire(tenant, mem_bytes)
+        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout)
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
     reusable = False
@@ -164,10 +179,10 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
         await _write(compat, env_id, {**files, lang.source: body.code.encode()})
         compiled = run = None
         if lang.compile is not None:
-            r = await run_env_action(compat.api, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout))
+            r = await _run_step(compat, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout), end - body.run_timeout)
             compiled = command_result(r)
         if compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0):
-            r = await run_env_action(compat.api, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout))
+            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout), end)
             run = command_result(r)
         status, message = overall_status(compiled, run)
         fetched = await fetch(compat, env_id, body.fetch_files) if body.fetch_files else {}
@@ -178,6 +193,23 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
         }  # fmt: skip
     finally:
         compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable)
+
+
+def deadline_end(body: RunCodeRequest, arrived: float) -> float:
+    """When (monotonic) the call's answer is due: verl's read timeout less our slack."""
+    return arrived + body.compile_timeout + body.run_timeout + VERL_CLIENT_MARGIN_S - DEADLINE_SLACK_S
+
+
+async def _run_step(compat: CompatState, tenant: str, env_id: str, kind: str, step: ExecPayload, end: float) -> ActionResult:
+    """One step, which must have ended by ``end`` (monotonic); one that cannot start in time
+    raises ``Overloaded`` (-> 504, which verl retries) instead of running into verl's timeout."""
+    deadline_s = end - time.monotonic()
+    if deadline_s <= step.timeout_s:
+        raise Overloaded(f"{DEADLINE_PREFIX} no time left to run this step before the client's timeout", 1.0)
+    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s)
+    if r.outcome == "rejected" and (r.cause or "").startswith(DEADLINE_PREFIX):
+        raise Overloaded(r.cause or DEADLINE_PREFIX, 1.0)
+    return r
 
 
 def _sandbox_error(message: str) -> dict[str, Any]:

@@ -173,8 +173,10 @@ class RayCpuProxy:
     ) -> ExecResult:
         """As ``CpuManager.exec``; a lost node is an outcome (``error``, ``node_lost: ...``),
         never raised, as the manager's own failures are. Live output (``on_output``) does not
-        cross the node boundary yet: the output arrives with the result."""
+        cross the node boundary yet: the output arrives with the result; nor does a
+        preemption handle (a demoted action on a Ray node keeps its cores' share)."""
         kwargs.pop("on_output", None)
+        kwargs.pop("handle", None)
         kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
         return self._action("exec", cancel, sandbox_id, command, **kwargs)
 

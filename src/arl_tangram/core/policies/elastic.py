@@ -6,7 +6,9 @@ Evict-on-Execution; API actions pass a global token bucket. Envs hold memory onl
 
 from __future__ import annotations
 
+from arl_tangram.core import preemption
 from arl_tangram.core.decisions import Decision
+from arl_tangram.core.errors import SpecError
 from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, services
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.state import QueuedAction, StateEditor
@@ -20,6 +22,9 @@ class ElasticPolicy(Policy):
     ``opportunity_cost`` caps a grant at the widest DoP the node can sustain for the
     arrivals it expects during the run, floored at the curve's efficiency knee
     (``opportunity.fair_caps``; off: the reference policy, spare cores priced at zero).
+    ``preempt_quantum_s``: a single-core CPU action that has run this long while work
+    waits on its node is demoted and its cores re-granted (``core.preemption``); None: off.
+    Deadlines (``ActionSpec.deadline_s``) are enforced either way.
 
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
@@ -34,7 +39,11 @@ class ElasticPolicy(Policy):
         scan_limit: int = 1024,
         deferral_tries: int = 8,
         opportunity_cost: bool = True,
+        preempt_quantum_s: float | None = None,
     ) -> None:
+        if preempt_quantum_s is not None and not preempt_quantum_s > 0:
+            raise SpecError("preempt_quantum_s", "must be > 0 seconds, or None (no preemption)", preempt_quantum_s)
+        self.preempt_quantum_s = preempt_quantum_s
         self.depth = depth
         self.opportunity_cost = opportunity_cost
         self.deferral_tries = deferral_tries
@@ -48,6 +57,9 @@ class ElasticPolicy(Policy):
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
         decisions = placement.place_spread(ed, cause)
+        decisions += preemption.reject_late(ed, cause)
+        if self.preempt_quantum_s is not None:
+            decisions += preemption.preempt_overdue(ed, cause, self.preempt_quantum_s)
         fixed = self.fixed_dop(ed)
 
         def dop_floor(qa: QueuedAction) -> int:
@@ -69,7 +81,9 @@ class ElasticPolicy(Policy):
         """Derived from the round's final state: when the next quota token arrives for a
         waiting API action, or when the oldest queued CPU action reaches the aging bound
         (it then reserves its node). Nothing is carried between calls."""
-        wakes = [w for w in (quota.next_token_s(ed), self._aging_wake(ed)) if w is not None]
+        quantum = None if self.preempt_quantum_s is None else preemption.next_quantum_s(ed, self.preempt_quantum_s)
+        ahead = (quota.next_token_s(ed), self._aging_wake(ed), preemption.next_deadline_s(ed), quantum)
+        wakes = [w for w in ahead if w is not None]
         return min(wakes) if wakes else None
 
     def _aging_wake(self, ed: StateEditor) -> float | None:

@@ -52,6 +52,7 @@ from arl_tangram.managers.cpu.grants import MILLICORES_PER_CORE, GrantRequest, g
 from arl_tangram.managers.cpu.keeper import Keeper, sweep_dead
 from arl_tangram.managers.cpu.launch import SANDBOX_PATH, SandboxLayout
 from arl_tangram.managers.cpu.native_launcher import launcher_path
+from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.managers.cpu.proc_io import OutputSink
 from arl_tangram.managers.cpu.results import ExecResult, Outcome
 from arl_tangram.managers.cpu.rootfs_native import helper_path
@@ -401,14 +402,15 @@ class CpuManager:
         numa_millicores: Sequence[int] | None = None, dop: int | None = None, cores: int | None = None,
         stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
-        background: bool = False, on_output: OutputSink | None = None,
+        background: bool = False, on_output: OutputSink | None = None, handle: RunHandle | None = None,
     ) -> ExecResult:  # fmt: skip
         """Run a program (argv) or a ``bash -c`` string confined to exactly the named grant
         (see ``grants``; nothing named = 1 core). ``TANGRAM_DOP`` = ``dop``, default the
         action's cpus, which ``nproc`` reports. When the program exits, whatever it left
         running is killed unless ``background=True`` (kept, within the holding or at the
         minimum quota, until it exits or the sandbox is destroyed). ``on_output(stream,
-        chunk)`` receives the output live, on the pumping thread."""
+        chunk)`` receives the output live, on the pumping thread. ``handle`` lets the
+        controller demote the run while it runs (``preempt.RunHandle``)."""
         argv = validate_command(command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
         sb = self.get_sandbox(sandbox_id)
@@ -427,8 +429,12 @@ class CpuManager:
                 seen = sb.slot_cpus(slot)
                 dop_now = g.dop or max(1, len(seen))
                 env_all = {**self.base_env(sandbox_id, dop_now), **req.env, "TANGRAM_DOP": str(dop_now)}
+                if handle is not None:
+                    handle.attach(sb, slot, req.timeout_s)
                 return run_action(sb, self.driver, slot, ActionRequest(**{**req.__dict__, "env": env_all}), (seen, g.millicores), cancel)
             finally:
+                if handle is not None:
+                    handle.detach()
                 sb.end(slot, keep="kept" if req.background else "free")
         finally:
             self.release(cpus)

@@ -65,6 +65,7 @@ _TRANSITIONS: dict[tuple[SandboxState, SandboxState], str] = {
     (S.DESTROYING, S.DESTROYED): "every task killed and every cgroup removed (or reported)",
 }
 _LIVE = (S.IDLE, S.HELD, S.ACTIVE)
+DEMOTED_SHARES = 2  # v1's floor cpu.shares (v2 weight 1): runs only on cycles others leave idle
 
 
 class SandboxGoneError(SandboxDeadError):
@@ -104,6 +105,7 @@ class Sandbox:
         self.holding: Holding | None = None
         self._driver = driver
         self._all_cpus = all_cpus
+        self._demoted = False  # a slot of it was demoted (``demote``): its CPU weight is the floor
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd = -1
         self._slots: dict[str, _Slot] = {INIT_SLOT: _Slot(kind="init")}
@@ -282,8 +284,39 @@ class Sandbox:
                 return
             s.kind, s.running, s.cpus, s.millicores = keep, False, (), 0
             self._applied_slots.pop(slot, None)  # a kill may have lifted its quota: rewrite
+            if self._demoted and not any(x.running for x in self._slots.values()):
+                h = self.holding  # back to the weight it had: a Burstable holding's, else the default
+                self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
+                self._demoted = False
             self._apply()
             self._settle()
+
+    def slot_cpu_s(self, slot: str) -> float:
+        """CPU seconds the slot's current run has used (its counters reset at its start)."""
+        with self.lock:
+            return self._driver.slot_cpu_ns(self.group, slot) / 1e9 if slot in self._slots else 0.0
+
+    def demote(self, slot: str) -> bool:
+        """Preemption (``core.preemption``): the running action in ``slot`` keeps running,
+        unchanged, on all of the sandbox's cpus at the floor CPU weight, so it gets only
+        what granted actions leave idle (its cores were re-granted). Undone when the slot
+        ends. False when the slot no longer runs (the action ended first)."""
+        with self.lock:
+            s = self._slots.get(slot)
+            if s is None or not s.running or self.state not in _LIVE:
+                return False
+            s.cpus, s.millicores = self._all_cpus, len(self._all_cpus) * 1000
+            self._driver.set_shares(self.group, DEMOTED_SHARES)
+            self._demoted = True
+            self._apply()
+            return True
+
+    def promote(self) -> None:
+        """Undo ``demote``'s floor weight while the slot still runs (its run nears its limit)."""
+        with self.lock:
+            if self._demoted and self.state in _LIVE:
+                h = self.holding
+                self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
 
     def add_grant(self, millicores: int) -> int:
         """A sandbox-wide grant with no slot (``CpuManager.grant``); returns its token."""

@@ -1,0 +1,138 @@
+"""Core: preemption and deadlines for single-core CPU actions (pure; no clock, no I/O).
+
+Why: under exclusive grants a program that loops until its timeout holds a core for the
+whole timeout while short programs queue behind it (issue 26: 48 looping runs of 3 s held
+both cores of a 2-core node for 72 s). Two levels, a multi-level feedback queue without
+sizes:
+- level 0: a new action is granted cores exclusively, FCFS (the configured policy);
+- level 1: a non-elastic CPU action (``dop_max == 1``) that has run ``quantum_s`` while
+  other CPU work waits on its node is *preempted* (``PreemptAction``): its cores go back to
+  the pool at once and are re-granted to the waiting work, its memory stays granted, and
+  the manager keeps it running at the floor CPU priority on all of the node's cpus. Demoted
+  actions share between them whatever level 0 leaves idle (processor sharing among
+  equals), so a crowd of looping programs burns its wall-clock timeouts side by side
+  instead of one core each in turn. Elastic actions keep their grants: their curve pays.
+Demotion never loses work and never changes a program's output or exit code; the only
+priority it lowers is the CPU scheduler's.
+
+Deadlines (``ActionSpec.deadline_s``): a queued action must start by
+``submitted_s + deadline_s - timeout_s`` (its timeout, else its estimated duration), so
+that even running to its limit it ends before its caller stops waiting; past that it ends
+``rejected`` with a reason starting ``deadline:`` (retryable: the SandboxFusion face
+answers 504, which verl retries). Candidates are otherwise served FCFS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from arl_tangram.core import ledger
+from arl_tangram.core.decisions import Decision, PreemptAction
+from arl_tangram.core.fair_share import note_held, share_units
+from arl_tangram.core.resources import ResourceVector
+from arl_tangram.core.state import QueuedAction, Running, StateEditor, lane_of
+
+PREEMPTED = "preempted"
+DEADLINE_PREFIX = "deadline:"
+
+
+def is_preemptible(run: Running) -> bool:
+    """A single-core CPU action on an env that still holds cores (not demoted yet)."""
+    spec = run.spec
+    return (
+        spec.binding.kind == "env" and spec.dop_max == 1 and run.grant.cpu_millicores > 0
+        and run.pause_cause == "" and run.replica_id is None
+    )  # fmt: skip
+
+
+def latest_start_s(ed: StateEditor, qa: QueuedAction) -> float | None:
+    """When a queued action with a deadline must start at the latest (None: no deadline)."""
+    spec = qa.spec
+    if spec.deadline_s is None:
+        return None
+    need_s = spec.timeout_s if spec.timeout_s is not None else spec.duration_s(ledger.estimated_t_ori(ed, qa), spec.dop_min)
+    return qa.submitted_s + spec.deadline_s - need_s
+
+
+def reject_late(ed: StateEditor, cause: str) -> list[Decision]:
+    """End every queued CPU action that can no longer start in time (see the module doc)."""
+    late: list[tuple[str, float]] = []
+    for aid, qa in ed.queue_cpu.items():
+        at = latest_start_s(ed, qa)
+        if at is not None and ed.now_s >= at:
+            late.append((aid, at))
+    decisions: list[Decision] = []
+    for aid, at in late:
+        qa = ed.queue_cpu[aid]
+        why = (
+            f"{DEADLINE_PREFIX} could not start by {at - qa.submitted_s:.3g} s after submission "
+            f"(deadline_s {qa.spec.deadline_s:g} minus timeout_s); retry later"
+        )
+        decisions.append(ledger.reject(ed, aid, why, cause))
+        ed.touch(None)
+    return decisions
+
+
+def next_deadline_s(ed: StateEditor) -> float | None:
+    """The earliest latest-start of a queued CPU action still ahead (a wake-up for it)."""
+    ats = [at for qa in ed.queue_cpu.values() if (at := latest_start_s(ed, qa)) is not None and at > ed.now_s]
+    return min(ats) if ats else None
+
+
+def _waiting_millicores(ed: StateEditor) -> dict[str, int]:
+    """Per node, the millicores queued env actions ask for at their least (their env's node)."""
+    want: dict[str, int] = {}
+    for qa in ed.queue_cpu.values():
+        if qa.spec.binding.kind != "env":
+            continue
+        env = ed.envs.get(qa.spec.binding.name)
+        if env is None or env.node_id is None or not env.ready:
+            continue
+        want[env.node_id] = want.get(env.node_id, 0) + qa.spec.demand_min.cpu_millicores
+    return want
+
+
+def preempt_overdue(ed: StateEditor, cause: str, quantum_s: float) -> list[Decision]:
+    """Demote, oldest start first, the overdue preemptible actions of each node where queued
+    work does not fit in the free cores, until it would (or none is left)."""
+    want = _waiting_millicores(ed)
+    decisions: list[Decision] = []
+    for node_id in sorted(want):
+        free = ed.cpu.get(node_id)
+        short = want[node_id] - (free.free_millicores if free is not None else 0)
+        if short <= 0:
+            continue
+        overdue = sorted(
+            (r for r in ed.running.values() if r.node_id == node_id and is_preemptible(r) and ed.now_s - r.started_s >= quantum_s),
+            key=lambda r: (r.started_s, r.seq),
+        )  # fmt: skip
+        for run in overdue:
+            if short <= 0:
+                break
+            short -= run.grant.cpu_millicores
+            decisions.append(preempt(ed, run, f"ran {ed.now_s - run.started_s:.3g} s >= quantum {quantum_s:g} s while work waits", cause))
+    return decisions
+
+
+def preempt(ed: StateEditor, run: Running, reason: str, cause: str) -> PreemptAction:
+    """Give a running action's cores back to its node (its memory stays) and order it demoted."""
+    cores = ResourceVector(cpu_millicores=run.grant.cpu_millicores)
+    ed.give_cpu(run.node_id, cores, run.numa_millicores)
+    lane = lane_of(run.spec.binding.kind)
+    note_held(ed, lane, run.spec.tenant, -share_units(lane, cores))
+    kept = run.grant - cores
+    ed.w("running")[run.spec.action_id] = replace(
+        run, grant=kept, numa_millicores=(), paused_since_s=ed.now_s, pause_cause=PREEMPTED
+    )
+    ed.touch(run.node_id)
+    return PreemptAction(run.spec.action_id, run.node_id, reason, cause)
+
+
+def next_quantum_s(ed: StateEditor, quantum_s: float) -> float | None:
+    """When the next preemptible action on a node with waiting work reaches its quantum."""
+    want = _waiting_millicores(ed)
+    ats = [
+        r.started_s + quantum_s for r in ed.running.values()
+        if r.node_id in want and is_preemptible(r) and r.started_s + quantum_s > ed.now_s
+    ]  # fmt: skip
+    return min(ats) if ats else None

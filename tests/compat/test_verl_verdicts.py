@@ -1,0 +1,58 @@
+"""verl's own ``check_correctness`` under the load that corrupted its rewards (issue 26): 64
+concurrent calls, 3 test cases each, a quarter of the programs correct, a quarter wrong, a
+quarter raising, a quarter looping forever (``timeout=3``), through our SandboxFusion face
+on this host's cores. Every verdict must be right: no call may hit verl's client timeout
+(compile + run + 10 s, queue time included). Without preemption (``preempt_quantum_s``
+off) the looping runs hold the cores for their whole timeout, one core each, and the short
+programs queue behind them past that timeout."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+
+import pytest
+
+from arl_tangram.api.server import ServerThread
+from arl_tangram.runtime.config import SchedulerConfig, TangramConfig
+from tests.compat.conftest import needs_sandbox_host, serve_compat
+
+pytest.importorskip("verl", reason="verl is not installed")
+from verl.utils.reward_score.sandbox_fusion.utils import check_correctness  # noqa: E402
+
+CALLS = 64
+CASES = {"inputs": ["1 2\n", "3 4\n", "5 6\n"], "outputs": ["3\n", "7\n", "11\n"]}
+PROGRAMS = {  # program -> the verdict verl must give each of its test cases
+    "a, b = map(int, input().split())\nprint(a + b)\n": True,
+    "a, b = map(int, input().split())\nprint(a - b)\n": False,
+    "raise SystemExit('boom')\n": -2,
+    "while True:\n    pass\n": -3,
+}
+QUANTUM_S = 0.3  # PREEMPTION: a run that has taken this long while others wait yields its core
+
+
+def preempting(quantum_s: float | None) -> TangramConfig:
+    params = {} if quantum_s is None else {"preempt_quantum_s": quantum_s}
+    return TangramConfig(scheduler=SchedulerConfig("elastic", params))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    needs_sandbox_host()
+    with serve_compat(preempting(QUANTUM_S), max_envs=16, max_idle=16) as s:
+        yield s
+
+
+def run_mix(url: str, calls: int = CALLS) -> list[tuple[object, list[object]]]:
+    """(expected verdict, verl's verdicts) per call, all calls at once."""
+    programs = list(PROGRAMS.items())
+    jobs = [programs[i % len(programs)] for i in range(calls)]
+    with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+        futures = [pool.submit(check_correctness, url, CASES, code, 3) for code, _ in jobs]
+        return [(want, f.result()[0]) for (_, want), f in zip(jobs, futures, strict=True)]
+
+
+def test_every_verdict_is_right_at_64_concurrent_calls_with_looping_programs(server: ServerThread) -> None:
+    outcomes = run_mix(f"{server.url}/run_code")
+    wrong = [(want, got) for want, got in outcomes if got != [want] * len(CASES["inputs"])]
+    assert not wrong, f"{len(wrong)} of {CALLS} calls got wrong verdicts (-1: verl's client timed out): {wrong[:6]}"

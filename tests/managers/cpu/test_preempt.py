@@ -1,0 +1,52 @@
+"""Demotion of a running action (``Sandbox.demote`` through ``RunHandle``): the program runs
+on, its output and exit code unchanged, on all of the sandbox's cpus at the floor CPU
+weight, which is restored when it ends; a demotion before the slot exists waits for it,
+one after the action ended does nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from arl_tangram.managers.cpu.manager import CpuManager
+from arl_tangram.managers.cpu.preempt import RunHandle
+from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES
+
+# ~0.5 s of CPU, then a checksum that would differ if any step were lost or repeated
+PROGRAM = "python3 -c 'import time\nt=time.time(); s=0\nwhile time.time()-t < 0.6: s+=1\nprint(sum(range(10**6))); raise SystemExit(7)'"
+
+
+def _shares(manager: CpuManager, sandbox_id: str) -> int:
+    group = manager.get_sandbox(sandbox_id).group
+    return int(open(manager.driver._path("cpu", group, "cpu.shares")).read())  # type: ignore[attr-defined]
+
+
+def test_a_demoted_action_runs_on_unchanged_and_its_weight_comes_back(manager: CpuManager, sandbox: str) -> None:
+    if manager.driver.version != 1:
+        pytest.skip("reads cgroup v1 cpu.shares")
+    handle = RunHandle()
+    out: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: out.update(r=manager.exec(sandbox, PROGRAM, timeout_s=20, handle=handle)))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not handle.demote() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert handle.demoted
+    assert _shares(manager, sandbox) == DEMOTED_SHARES  # the floor weight while it runs
+    runner.join(30)
+    r = out["r"]
+    assert r.exit_code == 7 and r.stdout_text == f"{sum(range(10**6))}\n"  # type: ignore[attr-defined]
+    assert _shares(manager, sandbox) == 1024  # restored when the slot ended
+    handle.demote()  # detached: a late demotion changes nothing
+    assert _shares(manager, sandbox) == 1024
+
+
+def test_a_run_near_its_limit_is_never_demoted(manager: CpuManager, sandbox: str) -> None:
+    handle = RunHandle()  # timeout 1 s: all of it is the final window, run at its normal weight
+    runner = threading.Thread(target=lambda: manager.exec(sandbox, "sleep 0.5", timeout_s=1.0, handle=handle))
+    runner.start()
+    time.sleep(0.2)
+    assert not handle.demote()
+    runner.join(10)
