@@ -11,14 +11,14 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from arl_tangram.core import ledger
+from arl_tangram.core import ledger, memory
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.opportunity import knee
 from arl_tangram.core.policies.waterfill import Claim
-from arl_tangram.core.resources import ResourceKind
+from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.core.state import QueuedAction, StateEditor
 
 
@@ -46,17 +46,22 @@ def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], nee
 
 
 def collect(
-    ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024
-) -> Pools:
+    ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024,
+    mem_reserve_bytes: int = 0,
+) -> Pools:  # fmt: skip
     """Walk the queue FCFS and take up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
 
     Skipping an action that does not fit lets smaller ones backfill, but once the head of a
     node's line has waited ``aging_s`` the node is reserved for it: no later action starts
     there until it has, so nothing starves. At most ``scan_limit`` CPU actions are looked
-    at per round, which bounds a round's cost however long the queue grows.
+    at per round, which bounds a round's cost however long the queue grows. An action on
+    an env charged per action (``core.memory``) also needs its memory grant, beside the
+    node's ``mem_reserve_bytes`` and what paused actions wait for, and room under its
+    env's limit.
     """
     pools = Pools()
-    free = {n: [f.free_millicores, f.free_mem_bytes] for n, f in ed.cpu.items()}
+    free = {n: [f.free_millicores, memory.admissible_bytes(ed, n, mem_reserve_bytes)] for n, f in ed.cpu.items()}
+    env_room: dict[str, int] = {}
     reserved: set[str] = set()
     taken = scanned = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
@@ -73,6 +78,12 @@ def collect(
             if not every_node and node_id not in touched:
                 continue  # its node's plan from an earlier round stands
             need = spec.demand_at(dop_of(qa))
+            if env.per_action_memory:
+                room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
+                mem = memory.action_grant(ed, env, spec.memory_bytes, spec.kind)
+                if mem > room:
+                    continue  # its env's other actions hold its limit: it waits for them
+                need = need + ResourceVector(mem_bytes=mem)
         else:
             need = spec.demand_at(dop_of(qa))
             node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
@@ -84,6 +95,8 @@ def collect(
         if fits and node_id not in reserved and taken < depth:
             f[0] -= need.cpu_millicores
             f[1] -= need.mem_bytes
+            if spec.binding.name in env_room:
+                env_room[spec.binding.name] -= need.mem_bytes - spec.demand_at(dop_of(qa)).mem_bytes
             pools.candidates[node_id].append(qa)
             taken += 1
             continue

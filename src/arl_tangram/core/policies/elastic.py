@@ -6,6 +6,7 @@ Evict-on-Execution; API actions pass a global token bucket. Envs hold memory onl
 
 from __future__ import annotations
 
+from arl_tangram.core import memory
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, services
 from arl_tangram.core.policies.base import Policy
@@ -21,6 +22,10 @@ class ElasticPolicy(Policy):
     arrivals it expects during the run, floored at the curve's efficiency knee
     (``opportunity.fair_caps``; off: the reference policy, spare cores priced at zero).
 
+    ``memory_per_action``: envs hold their idle footprint and actions their memory grants
+    (``core.memory``; off: each env holds its limit for its life, as before issue 21);
+    ``mem_reserve_bytes`` of each node's memory are never granted (headroom).
+
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
 
@@ -34,8 +39,12 @@ class ElasticPolicy(Policy):
         scan_limit: int = 1024,
         deferral_tries: int = 8,
         opportunity_cost: bool = True,
+        memory_per_action: bool = True,
+        mem_reserve_bytes: int = 0,
     ) -> None:
         self.depth = depth
+        self.memory_per_action = memory_per_action
+        self.mem_reserve_bytes = mem_reserve_bytes
         self.opportunity_cost = opportunity_cost
         self.deferral_tries = deferral_tries
         self.aging_s = aging_s
@@ -47,14 +56,16 @@ class ElasticPolicy(Policy):
         return None
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
-        decisions = placement.place_spread(ed, cause)
+        reserve = self.mem_reserve_bytes
+        decisions = memory.serve_paused(ed, cause, reserve)  # paused actions come before new work
+        decisions += placement.place_spread(ed, cause, per_action_memory=self.memory_per_action, mem_reserve_bytes=reserve)
         fixed = self.fixed_dop(ed)
 
         def dop_floor(qa: QueuedAction) -> int:
             spec = qa.spec
             return spec.dop_min if fixed is None else min(max(fixed, spec.dop_min), spec.dop_max)
 
-        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit)
+        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit, reserve)
         caps = None
         if fixed is None and self.opportunity_cost:
             caps = opportunity.fair_caps(ed, pools.candidates, pools.backlog)
