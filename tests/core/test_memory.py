@@ -13,7 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from arl_tangram.core import memory
-from arl_tangram.core.decisions import Decision, GrowMemory, OomKill, PlaceEnv, RejectAction, StartAction
+from arl_tangram.core.decisions import (
+    Decision,
+    GrowMemory,
+    OomKill,
+    PlaceEnv,
+    RejectAction,
+    StartAction,
+)
 from arl_tangram.core.events import (
     ActionFinished,
     ActionMemoryPaused,
