@@ -104,6 +104,8 @@ class ActionResult:
     ``cause`` names why an action did not run or failed in the infrastructure. ``attempts`` is
     the attempt it ended in: more than 1 when its node was lost and it was retried elsewhere
     (``queue_s`` then runs to the last start: the lost attempts count as queueing).
+    ``paused_s``: how long its manager kept it paused (at its memory limit, or preempted);
+    counted in ``queue_s``, never in ``exec_s``.
     """
 
     action_id: str
@@ -124,6 +126,7 @@ class ActionResult:
     cpu_s: float = 0.0
     peak_mem_bytes: int = 0
     attempts: int = 1
+    paused_s: float = 0.0
     held: Mapping[str, LazyOutput] = field(default_factory=dict)  # outputs left on their node (see the module)
 
     @property
