@@ -338,6 +338,11 @@ class StatusView(BaseModel):
     num_envs: int
     num_pending_actions: int
     max_queued_actions: int
+    memory: dict[str, Any] = Field(
+        default_factory=dict,
+        description="memory per action: footprint_bytes, granted_bytes, used_bytes, paused_actions, pause_s, "
+        "learned_peak_bytes per kind",
+    )
 
 
 #: the error answers every route documents (all with ``ErrorBody``)

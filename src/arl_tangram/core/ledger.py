@@ -82,12 +82,15 @@ def start_action(
     grant: ResourceVector | None = None,
     replica_id: str | None = None,
     extra_delay_s: float = 0.0,
+    mem_bytes: int | None = None,
 ) -> StartAction:
     """Move a queued action to running on ``node_id`` at ``dop``.
 
     ``grant`` defaults to the spec's demand at ``dop``; CPU and memory of the grant are taken
     from the node, quota tokens from the bound provider. ``extra_delay_s`` (e.g. a replica
-    still loading) only shifts the expected end used by the completion-time heap.
+    still loading) only shifts the expected end used by the completion-time heap. On an env
+    charged per action the memory grant comes on top: ``mem_bytes`` (the policy's), else
+    ``memory.action_grant``.
     """
     spec = qa.spec
     grant = spec.demand_at(dop) if grant is None else grant
@@ -95,7 +98,8 @@ def start_action(
     per_action = env is not None and env.per_action_memory
     if per_action:
         assert env is not None
-        grant = grant + ResourceVector(mem_bytes=memory.action_grant(ed, env, spec.memory_bytes, spec.kind))
+        mem = memory.action_grant(ed, env, spec.memory_bytes, spec.kind) if mem_bytes is None else mem_bytes
+        grant = grant + ResourceVector(mem_bytes=mem)
     numa: tuple[int, ...] = ()
     if grant.cpu_millicores or grant.mem_bytes:
         numa = ed.take_cpu(node_id, grant)

@@ -29,6 +29,7 @@ class Pools:
     candidates: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
     backlog: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
     oldest_blocked_s: float | None = None
+    mem: dict[str, int] = field(default_factory=dict)  # candidate -> its memory grant (core.memory)
 
 
 def is_cpu_action(qa: QueuedAction) -> bool:
@@ -62,6 +63,12 @@ def collect(
     pools = Pools()
     free = {n: [f.free_millicores, memory.admissible_bytes(ed, n, mem_reserve_bytes)] for n, f in ed.cpu.items()}
     env_room: dict[str, int] = {}
+    # what a node could grant one action once nothing else runs there: no grant is larger,
+    # so every action fits some day (a demand above it pauses and grows, or is ended)
+    idle_room = {n: f.free_mem_bytes - mem_reserve_bytes for n, f in ed.cpu.items()}
+    for run in ed.running.values():
+        if run.node_id in idle_room:
+            idle_room[run.node_id] += run.grant.mem_bytes
     reserved: set[str] = set()
     taken = scanned = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
@@ -80,7 +87,7 @@ def collect(
             need = spec.demand_at(dop_of(qa))
             if env.per_action_memory:
                 room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
-                mem = memory.action_grant(ed, env, spec.memory_bytes, spec.kind)
+                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[env.node_id]))
                 if mem > room:
                     continue  # its env's other actions hold its limit: it waits for them
                 need = need + ResourceVector(mem_bytes=mem)
@@ -96,7 +103,9 @@ def collect(
             f[0] -= need.cpu_millicores
             f[1] -= need.mem_bytes
             if spec.binding.name in env_room:
-                env_room[spec.binding.name] -= need.mem_bytes - spec.demand_at(dop_of(qa)).mem_bytes
+                mem_grant = need.mem_bytes - spec.demand_at(dop_of(qa)).mem_bytes
+                env_room[spec.binding.name] -= mem_grant
+                pools.mem[spec.action_id] = mem_grant
             pools.candidates[node_id].append(qa)
             taken += 1
             continue
@@ -184,5 +193,6 @@ def start_pools(
             chosen, dops = tuple(range(len(cands))), tuple(c.dop_min for c in claims)
             reason = f"fixed DoP {fixed_dop}"
         for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
-            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause))
+            mem = pools.mem.get(qa.spec.action_id)
+            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause, mem_bytes=mem))
     return decisions
