@@ -144,7 +144,9 @@ def on_paused(ed: StateEditor, action_id: str, usage_bytes: int) -> None:
     ceiling = grant if env is None or not env.per_action_memory else env.spec.mem_bytes - env.held.mem_bytes - env_grants(
         ed, env.spec.env_id, excluding=action_id
     )  # fmt: skip
-    want = min(ceiling, max(grant + GROW_STEP_BYTES, usage_bytes - (env.held.mem_bytes if env else 0) + GROW_STEP_BYTES))
+    # doubling bounds the pauses of a run to log2(peak / grant); the step, those of tiny grants
+    used_over = usage_bytes - (env.held.mem_bytes if env else 0)
+    want = min(ceiling, max(2 * grant, grant + GROW_STEP_BYTES, used_over + GROW_STEP_BYTES))
     ed.w("running")[action_id] = replace(run, paused_since_s=ed.now_s, pause_cause="memory")
     ed.w("mem_waits")[action_id] = max(want, grant)  # == grant: at its ceiling, it cannot grow
     ed.touch(run.node_id)
