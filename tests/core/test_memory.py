@@ -233,3 +233,14 @@ def test_memory_ledger_within_reserve_and_every_pause_ends(ops: list[tuple[Any, 
         _admitted_within_reserve(d, r.decisions)
         pending = _answer(d, r.decisions, now)
     assert not d.state.mem_waits and not d.state.running and not d.state.queue_cpu
+
+
+def test_concurrent_runs_with_no_known_demand_share_their_env_limit() -> None:
+    # Nothing declared or learned: the first run is granted the env's limit, a concurrent
+    # one on the same env shares it (granted what is left) instead of waiting for it.
+    d = _driver()
+    d.add_ready_env(make_env("e0", mem_bytes=512 * MIB))
+    r = d.step([ActionSubmitted(_mem_action("a", "e0")), ActionSubmitted(_mem_action("b", "e0"))])
+    starts = {s.action_id: s for s in of_type(r.decisions, StartAction)}
+    assert set(starts) == {"a", "b"}
+    assert starts["a"].grant.mem_bytes + starts["b"].grant.mem_bytes == 512 * MIB - FOOTPRINT_PRIOR_BYTES

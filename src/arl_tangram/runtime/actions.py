@@ -180,6 +180,9 @@ class ActionRecord:
     # attempt while it runs, the next one once its node was lost (``RetryAction``), so a
     # lost attempt's late result never becomes the action's.
     attempt: int = 0
+    # its env's idle footprint as its manager measured it after the run (memory per action):
+    # reported to the core right after the action's ``ActionFinished``
+    footprint_bytes: int | None = None
     ended_s: float | None = None  # controller clock when the result was recorded
     # Output as it is produced (exec actions): (stream, text) chunks, at most
     # LIVE_OUTPUT_BYTES in all, and an event set on each new chunk (and then replaced by a

@@ -42,6 +42,7 @@ from arl_tangram.core.events import (
     ActionFinished,
     ActionMemoryPaused,
     EnvFailed,
+    EnvFootprint,
     EnvReady,
     Event,
     NodeJoined,
@@ -265,12 +266,16 @@ class LiveExecutor(Executor):
         # node was just declared lost, if the action may be retried: the core's answer to
         # the loss (already posted) queues it again or ends it, and that decides.
         lost = record.spec.retryable and d.node_id in self.lost_nodes and not result.ok
-        if record.attempt == d.attempt and not lost:
-            self.store.complete(d.action_id, timed)
         self.post(ActionFinished(
             d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt,
             peak_mem_bytes=result.peak_mem_bytes or None, paused_s=result.paused_s,
         ))  # fmt: skip
+        if record.footprint_bytes is not None and record.spec.binding.kind == "env":
+            # after the finish, in the same round: the grant is gone, the footprint is charged
+            self.post(EnvFootprint(record.spec.binding.name, record.footprint_bytes, stimulus_id=d.stimulus_id))
+            record.footprint_bytes = None
+        if record.attempt == d.attempt and not lost:
+            self.store.complete(d.action_id, timed)
 
     # -- memory per action ---------------------------------------------------------------
     def memory_paused_reporter(self, d: StartAction) -> Callable[[int], None]:

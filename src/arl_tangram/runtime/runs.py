@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.decisions import StartAction
-from arl_tangram.core.events import EnvFootprint
 from arl_tangram.managers.api.results import ApiRequest
 from arl_tangram.runtime.actions import (
     ActionRecord,
@@ -77,8 +76,7 @@ async def run_exec(
         paused_s=float(getattr(res, "paused_s", 0.0)),
     )  # fmt: skip
     footprint = getattr(res, "footprint_bytes", None)
-    if footprint is not None:  # before its ActionFinished: the core charges it as the grant ends
-        ex.post(EnvFootprint(record.spec.binding.name, int(footprint), stimulus_id=d.stimulus_id))
+    record.footprint_bytes = None if footprint is None else int(footprint)
     return result, float(res.wall_s)
 
 
