@@ -266,6 +266,8 @@ class LiveExecutor(Executor):
         # node was just declared lost, if the action may be retried: the core's answer to
         # the loss (already posted) queues it again or ends it, and that decides.
         lost = record.spec.retryable and d.node_id in self.lost_nodes and not result.ok
+        if record.attempt == d.attempt and not lost:
+            self.store.complete(d.action_id, timed)
         self.post(ActionFinished(
             d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt,
             peak_mem_bytes=result.peak_mem_bytes or None, paused_s=result.paused_s,
@@ -274,8 +276,6 @@ class LiveExecutor(Executor):
             # after the finish, in the same round: the grant is gone, the footprint is charged
             self.post(EnvFootprint(record.spec.binding.name, record.footprint_bytes, stimulus_id=d.stimulus_id))
             record.footprint_bytes = None
-        if record.attempt == d.attempt and not lost:
-            self.store.complete(d.action_id, timed)
 
     # -- memory per action ---------------------------------------------------------------
     def memory_paused_reporter(self, d: StartAction) -> Callable[[int], None]:
