@@ -443,7 +443,11 @@ class CpuManager:
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
                 sb.end(slot, keep="kept" if req.background else "free")
-                paused_s = self.memory.close(sandbox_id, pause, self._mem_limit(sandbox_id, None)) if pause else 0.0
+                paused_s = 0.0
+                if pause is not None:
+                    paused_s = self.memory.close(sandbox_id, pause, self._mem_limit(sandbox_id, None))
+                elif mem_limit_bytes is not None:  # no watch of its own: give the env its own limit back
+                    self.memory.restore(sandbox_id, sb.group, self._mem_limit(sandbox_id, None))
             if mem_limit_bytes is None:
                 return res
             return replace(res, paused_s=paused_s, footprint_bytes=self.driver.sandbox_footprint_bytes(sb.group))

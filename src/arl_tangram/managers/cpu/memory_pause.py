@@ -123,6 +123,14 @@ class MemoryPauses:
             pause.oom_kill()
         return pause is not None
 
+    def restore(self, sandbox_id: str, group: str, ceiling_bytes: int) -> None:
+        """After a run that had no watch of its own: the env's own limit again, unless
+        another run's watch is open (it restores when it closes)."""
+        with self._lock:
+            if sandbox_id not in self._open:
+                with contextlib.suppress(OSError):
+                    self._driver.set_memory_limit(group, ceiling_bytes)
+
     def close(self, sandbox_id: str, pause: MemoryPause, ceiling_bytes: int) -> float:
         with self._lock:
             if self._open.get(sandbox_id) is pause:
