@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray", "service", "images", "fork", "verdicts")
+BENCHES = ("scheduler", "cpu", "gpu", "overhead", "live", "ray", "service", "images", "fork", "verdicts", "memory")
 SIMS = ("paper", "sweep")
 SIM_MODULES = {"sweep": "arl_tangram.sim.sweep"}  # the rest: arl_tangram.sim.cli_<name>
 CLIENT_COMMANDS = ("status", "env", "exec", "service", "image")

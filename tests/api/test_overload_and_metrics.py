@@ -78,3 +78,22 @@ async def test_metrics_after_a_workload_count_the_actions_run(server: ServerThre
     families = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in exported}
     missing = {m for m in plotted if m not in exported and re.sub(r"_(total|bucket|sum|count)$", "", m) not in families}
     assert len(plotted) >= 15 and not missing, missing
+
+
+async def test_status_and_metrics_report_memory_per_action(server: ServerThread) -> None:
+    """Footprints, grants, used and learned peaks per kind (issue 21) in /v1/status and
+    /metrics, after actions of one kind taught the core their peak."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        env = (await http.post("/v1/envs", json={"memory": "128MiB"})).json()["env_id"]
+        body = {"type": "exec", "env_id": env, "command": "true", "kind": "probe", "memory": "8MiB"}
+        for _ in range(3):
+            r = await http.post("/v1/actions", json=body, params={"wait_s": 20})
+            assert r.json()["result"]["outcome"] == "succeeded", r.text
+        too_much = await http.post("/v1/actions", json={**body, "memory": "1GiB"})
+        assert too_much.status_code in (400, 422) and "memory" in too_much.text
+        mem = (await http.get("/v1/status")).json()["memory"]
+        s = _samples((await http.get("/metrics")).text)
+    assert mem["footprint_bytes"] > 0 and mem["granted_bytes"] == 0 and mem["paused_actions"] == 0
+    assert mem["learned_peak_bytes"]["probe"] > 0
+    assert s[("tangram_memory_learned_peak_bytes", (("kind", "probe"),))] == mem["learned_peak_bytes"]["probe"]
+    assert s[("tangram_memory_footprint_bytes", ())] == mem["footprint_bytes"]

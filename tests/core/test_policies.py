@@ -24,6 +24,7 @@ from arl_tangram.core.events import (
     EnvRequested,
     NodeLost,
 )
+from arl_tangram.core.memory import FOOTPRINT_PRIOR_BYTES
 from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.resources import ZERO
 from arl_tangram.core.topology import QuotaPoolSpec
@@ -54,10 +55,20 @@ def test_registry_names_and_unknown_policy() -> None:
 
 
 def test_elastic_env_actions_hold_only_memory_while_idle() -> None:
-    d = Driver.of("elastic", make_cluster(cores=8, mem_bytes=8 * GIB))
+    # Memory per action off (the pre-issue-21 accounting): the env holds its limit.
+    d = Driver.of("elastic", make_cluster(cores=8, mem_bytes=8 * GIB), memory_per_action=False)
     r = d.step([EnvRequested(make_env("e0", mem_bytes=2 * GIB))])
     (place,) = of_type(r.decisions, PlaceEnv)
     assert place.held == ZERO.__class__(mem_bytes=2 * GIB)
+    assert d.state.cpu["cpu-0"].free_millicores == 8 * MC
+
+
+def test_elastic_idle_env_holds_only_its_footprint() -> None:
+    # Memory per action (the default): an idle env holds its footprint prior, no cores.
+    d = Driver.of("elastic", make_cluster(cores=8, mem_bytes=8 * GIB))
+    r = d.step([EnvRequested(make_env("e0", mem_bytes=2 * GIB))])
+    (place,) = of_type(r.decisions, PlaceEnv)
+    assert place.held == ZERO.__class__(mem_bytes=FOOTPRINT_PRIOR_BYTES)
     assert d.state.cpu["cpu-0"].free_millicores == 8 * MC
 
 

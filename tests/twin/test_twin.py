@@ -155,7 +155,7 @@ class Twin(Executor):
 
 def _summary(now_s: float, d: Decision) -> tuple[object, ...]:
     if isinstance(d, StartAction):
-        return (round(now_s, 6), "start", d.action_id, d.node_id, d.grant, d.dop, d.numa_millicores, d.stimulus_id)
+        return (round(now_s, 6), "start", d.action_id, d.node_id, d.grant, d.dop, d.numa_millicores, d.stimulus_id, d.mem_limit_bytes)
     if isinstance(d, PlaceEnv):
         return (round(now_s, 6), "place", d.env_id, d.node_id, d.held, d.stimulus_id)
     if isinstance(d, ReleaseEnv):
@@ -184,6 +184,7 @@ class LiveTwin(Twin):
         env_id = self.loop.state.running[d.action_id].spec.binding.name
         r = self.agent.cpu.exec(
             env_id, "nproc", millicores=d.grant.cpu_millicores, numa_millicores=d.numa_millicores or None, dop=d.dop,
+            mem_limit_bytes=d.mem_limit_bytes, on_memory_paused=lambda _usage: None,  # the grant on the env's cgroup
         )  # fmt: skip
         assert r.ok, (r.outcome, r.error, r.stderr)
         self.seen_cpus[d.action_id] = int(r.stdout_text)
@@ -216,4 +217,6 @@ def test_sim_and_live_twins_make_identical_decisions(cpu_manager: CpuManager) ->
     starts = {entry[2]: entry[5] for entry in live_log if entry[1] == "start"}
     assert live.seen_cpus == starts
     assert any(dop == 2 for dop in starts.values())  # elastic grants happened
+    # memory per action: every start carried a memory grant and the env's limit for the run
+    assert all(e[4].mem_bytes > 0 and e[8] is not None for e in live_log if e[1] == "start")
     assert cpu_manager.list_sandboxes() == []  # every env destroyed

@@ -55,7 +55,12 @@ class CpuPort(Protocol):
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
         background: bool = False, on_output: Callable[[str, bytes], None] | None = None,
         handle: RunHandle | None = None,
+        mem_limit_bytes: int | None = None, on_memory_paused: Callable[[int], None] | None = None,
     ) -> ExecResult: ...  # fmt: skip
+
+    def grow_memory(self, sandbox_id: str, limit_bytes: int) -> bool: ...
+
+    def oom_kill(self, sandbox_id: str) -> bool: ...
 
     def run_in_session(
         self, session_id: str, command: str, *, millicores: int | None = None, numa_millicores: Sequence[int] | None = None,

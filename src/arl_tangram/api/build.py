@@ -32,6 +32,7 @@ from arl_tangram.runtime.actions import (
     Payload,
     ServicePayload,
 )
+from arl_tangram.runtime.config import parse_size_bytes
 
 ActionBody = ExecAction | CodeAction | ServiceAction | ApiAction | NoopAction
 INTERPRETERS = {"python": ("python3", "-"), "bash": ("bash", "-s")}
@@ -91,9 +92,20 @@ def _env_action(state: ApiState, tenant: str, action_id: str, body: ExecAction |
         action_id, kind, Binding("env", env_id), tenant, body.trajectory_id,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
         elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=getattr(body, "t_ori_s", None), timeout_s=timeout_s,
-        retryable=body.retryable,
+        retryable=body.retryable, memory_bytes=_memory(state, env_id, body.memory),
     )  # fmt: skip
     return spec, payload
+
+
+def _memory(state: ApiState, env_id: str, memory: int | str | None) -> int | None:
+    """The declared memory demand; above the env's limit is a ``SpecError`` naming it."""
+    if memory is None:
+        return None
+    mem_bytes = parse_size_bytes(memory, "memory")
+    env = state.controller.loop.state.envs.get(env_id)
+    if env is not None and mem_bytes > env.spec.mem_bytes:
+        raise SpecError("memory", f"must be <= the env's memory limit ({env.spec.mem_bytes} bytes)", memory)
+    return mem_bytes
 
 
 def _elastic(e: Elasticity) -> Elastic:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from arl_tangram.core import memory
 from arl_tangram.core.decisions import EvictService, LoadService
 from arl_tangram.runtime.actions import ActionRecord
 from arl_tangram.runtime.loop import Round
@@ -136,6 +137,24 @@ class SnapshotCollector(Collector):
             replicas.add_metric((state,), n)
         yield replicas
         yield from _provider_families(d.get("providers", {}))
+        yield from _memory_families(d.get("memory", {}))
+
+
+def _memory_families(mem: dict[str, Any]) -> Iterator[Any]:
+    for key, help_text in (
+        ("footprint_bytes", "Idle footprints the envs hold (memory per action)"),
+        ("granted_bytes", "Memory granted to running actions"),
+        ("used_bytes", "Memory held on CPU nodes: footprints, grants and pods' limits"),
+        ("paused_actions", "Actions paused at their memory grant, waiting for more"),
+        ("pause_s", "Seconds the paused actions have waited so far"),
+    ):
+        family = GaugeMetricFamily(f"tangram_memory_{key}", help_text)
+        family.add_metric((), mem.get(key, 0))
+        yield family
+    peaks = GaugeMetricFamily("tangram_memory_learned_peak_bytes", "Memory demand learned per action kind", labels=("kind",))
+    for kind, value in sorted(mem.get("learned_peak_bytes", {}).items()):
+        peaks.add_metric((kind,), value)
+    yield peaks
 
 
 def _provider_families(providers: dict[str, dict[str, Any]]) -> Iterator[Any]:
@@ -162,7 +181,27 @@ def take_snapshot(runtime: Any) -> dict[str, Any]:
         "sandboxes": _sandboxes(agent.cpu),
         "replicas": _replicas(agent.gpu),
         "providers": agent.api.status() if agent.api is not None else {},
+        "memory": memory_view(state, runtime.controller.clock.now()),
     }
+
+
+def memory_view(state: Any, now_s: float) -> dict[str, Any]:
+    """Memory per action (``core.memory``) at a glance: the idle footprints the envs hold,
+    the running actions' grants, the used total, the paused actions and how long they have
+    waited, and the demand learned per kind."""
+
+
+    ed = state.edit(state.now_s)
+    footprint = sum(e.held.mem_bytes for e in state.envs.values() if e.per_action_memory)
+    granted = sum(r.grant.mem_bytes for r in state.running.values())
+    used = sum(n.mem_bytes - state.cpu[n.node_id].free_mem_bytes for n in state.spec.cpu_nodes if n.node_id in state.cpu)
+    paused = [state.running[a] for a in state.mem_waits if a in state.running]
+    pause_s = sum(max(0.0, now_s - (r.paused_since_s or now_s)) for r in paused)
+    learned = {k: memory.learned_peak(ed, k) for k in sorted(state.mem_peaks)}
+    return {
+        "footprint_bytes": footprint, "granted_bytes": granted, "used_bytes": used, "paused_actions": len(paused),
+        "pause_s": pause_s, "learned_peak_bytes": {k: v for k, v in learned.items() if v is not None},
+    }  # fmt: skip
 
 
 def pools(state: Any) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ async def status(state: State, tenant: Tenant) -> dict[str, Any]:
         "num_envs": len(state.envs_of(tenant)),
         "num_pending_actions": len(state.pending),
         "max_queued_actions": state.max_queued_actions,
+        "memory": snap["memory"],
     }
 
 

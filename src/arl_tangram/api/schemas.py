@@ -152,6 +152,12 @@ class Elasticity(_Strict):
     table: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(None, min_length=1, max_length=1024)
 
 
+_MEMORY_DOC = (
+    "the run's memory demand above its env's idle footprint (bytes or '3GiB'); at most the env's "
+    "memory limit; absent: learned per kind, else the env's limit"
+)
+
+
 class _ActionBase(_Strict):
     action_id: ExternalId | None = Field(None, description="client-chosen id; a uuid4-based one when absent")
     kind: str | None = Field(None, min_length=1, max_length=128, description="label for learned estimates")
@@ -183,6 +189,7 @@ class ExecAction(_ActionBase):
     session_id: str | None = Field(None, max_length=128)
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
     t_ori_s: float | None = Field(None, gt=0.0, le=86400.0)
+    memory: Size | None = Field(None, description=_MEMORY_DOC)
 
 
 class CodeAction(_ActionBase):
@@ -194,6 +201,7 @@ class CodeAction(_ActionBase):
     language: Literal["python", "bash"] = "python"
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
     t_ori_s: float | None = Field(None, gt=0.0, le=86400.0)
+    memory: Size | None = Field(None, description=_MEMORY_DOC)
 
 
 class ServiceAction(_ActionBase):
@@ -334,6 +342,11 @@ class StatusView(BaseModel):
     num_envs: int
     num_pending_actions: int
     max_queued_actions: int
+    memory: dict[str, Any] = Field(
+        default_factory=dict,
+        description="memory per action: footprint_bytes, granted_bytes, used_bytes, paused_actions, pause_s, "
+        "learned_peak_bytes per kind",
+    )
 
 
 #: the error answers every route documents (all with ``ErrorBody``)

@@ -206,25 +206,28 @@ class Env:
             await self.client.transport.release_env(self.env_id)
 
     def _spec(
-        self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None, retryable: bool = False
-    ) -> ActionSpec:
+        self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None, retryable: bool = False,
+        memory: int | str | None = None,
+    ) -> ActionSpec:  # fmt: skip
         dop = _dop(cpu)
         model = dop.model() or self.client.transport.learned_model(kind)
         return ActionSpec(
             _new_id("act"), kind, Binding("env", self.env_id), self.client.tenant, self.trajectory_id,
             demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
             elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=t_ori_s, timeout_s=timeout_s,
-            retryable=retryable,
+            retryable=retryable, memory_bytes=None if memory is None else parse_size_bytes(memory, "memory"),
         )  # fmt: skip
 
     async def exec(
         self, command: str | list[str], *, cpu: Elastic | int | None = None, stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float = 60.0,
-        kind: str = "exec", t_ori_s: float | None = None, retryable: bool = False,
+        kind: str = "exec", t_ori_s: float | None = None, retryable: bool = False, memory: int | str | None = None,
     ) -> ActionResult:  # fmt: skip
         """Run a ``bash -c`` string or an argv with the cores the scheduler grants within
-        ``cpu`` (``TANGRAM_DOP`` and ``nproc`` say how many)."""
-        spec = self._spec(kind, cpu, timeout_s, t_ori_s, retryable)
+        ``cpu`` (``TANGRAM_DOP`` and ``nproc`` say how many). ``memory`` (bytes or "3GiB"):
+        its memory demand above the env's idle footprint, at most the env's limit (else
+        learned per kind, else the limit); over it, it pauses while the node finds more."""
+        spec = self._spec(kind, cpu, timeout_s, t_ori_s, retryable, memory)
         stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
         argv = command if isinstance(command, str) else tuple(command)
         payload = ExecPayload(argv, stdin_bytes, tuple(sorted((env or {}).items())), cwd, timeout_s)
@@ -276,9 +279,9 @@ class Session:
 
     async def run(
         self, command: str, *, cpu: Elastic | int | None = None, timeout_s: float = 60.0, kind: str = "session",
-        retryable: bool = False,
+        retryable: bool = False, memory: int | str | None = None,
     ) -> ActionResult:  # fmt: skip
-        spec = self.env._spec(kind, cpu, timeout_s, None, retryable)
+        spec = self.env._spec(kind, cpu, timeout_s, None, retryable, memory)
         payload = ExecPayload(command, None, (), None, timeout_s, session_id=self.session_id)
         return await self.env.client.transport.run_action(spec, payload)
 

@@ -290,6 +290,8 @@ def encode_action(spec: ActionSpec, payload: Payload) -> dict[str, Any]:
         }  # fmt: skip
         if payload.stdin is not None:
             body["stdin_b64"] = base64.b64encode(payload.stdin).decode()
+        if spec.memory_bytes is not None:
+            body["memory"] = spec.memory_bytes
         return body
     if isinstance(payload, ServicePayload):
         return {

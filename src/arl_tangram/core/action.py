@@ -85,6 +85,9 @@ class ActionSpec:
     timeout_s: float | None = None
     retryable: bool = False
     deadline_s: float | None = None
+    #: declared memory demand of one run (bytes above its env's idle footprint); None: the
+    #: core learns it per kind, else charges the env's whole limit (``core.memory``)
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.action_id:
@@ -118,6 +121,10 @@ class ActionSpec:
         _check_positive_finite("deadline_s", self.deadline_s)
         if not isinstance(self.retryable, bool):
             raise SpecError("retryable", "must be a boolean", self.retryable)
+        if self.memory_bytes is not None and (
+            not isinstance(self.memory_bytes, int) or isinstance(self.memory_bytes, bool) or self.memory_bytes < 1
+        ):
+            raise SpecError("memory", "must be an integer number of bytes >= 1", self.memory_bytes)
 
     def demand_at(self, dop: int) -> ResourceVector:
         """Total demand when running at ``dop`` units of the key resource."""

@@ -33,6 +33,10 @@ class StartAction:
     numa_millicores: tuple[int, ...] = ()
     stimulus_id: str = ""
     attempt: int = 1
+    # Memory per action: the env's cgroup memory limit for the action's life (footprint +
+    # grants, ``core.memory``), over which it pauses instead of dying. None: the env keeps
+    # the limit it was created with and the kernel OOM-kills over it (a pod).
+    mem_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,34 @@ class PullImage:
     stimulus_id: str = ""
 
 
-Decision = (
-    StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction
-    | PullImage | PreemptAction
-)
+@dataclass(frozen=True)
+class GrowMemory:
+    """Raise ``env_id``'s memory limit to ``limit_bytes`` (its footprint + its running
+    actions' grants, never above its own limit): ``action_id``, paused at the old limit,
+    resumes. Idempotent; no event answers it."""
+
+    action_id: str
+    node_id: str
+    env_id: str
+    limit_bytes: int
+    grant_bytes: int  # the action's memory grant from now on
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """End running ``action_id`` ``oom_killed``: past its env's limit, or picked to break a
+    memory deadlock (``reason`` says which). The executor lets the kernel's OOM killer act
+    on the env's cgroup (or kills the action) and reports ``ActionFinished(oom_killed)``."""
+
+    action_id: str
+    node_id: str
+    env_id: str
+    reason: str
+    cause: str
+    stimulus_id: str = ""
+
+
+Decision = StartAction | PlaceEnv | ReleaseEnv | LoadService | EvictService | RejectAction | CancelAction | RetryAction | PullImage | PreemptAction | GrowMemory | OomKill

@@ -122,10 +122,13 @@ def _int_at_least(name: str, value: object, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """A stateful sandbox that lives for a trajectory. Memory is held for its life; CPU is not.
+    """A stateful sandbox that lives for a trajectory. It holds no CPU while idle, and under
+    memory per action (``core.memory``) only its measured idle footprint of memory.
 
     ``image``: ``host`` (or ``python``: the host's read-only root) or an OCI image reference
-    or id. ``mem_bytes`` bounds every process and the tmpfs pages they write; ``pids_max``
+    or id. ``mem_bytes`` is its memory limit, the ceiling of its footprint plus its running
+    actions' grants (a pod-style policy reserves it for the env's life); it bounds every
+    process and the tmpfs pages they write; ``pids_max``
     bounds tasks; ``workspace_bytes`` and ``tmp_bytes`` size its private workspace and /tmp;
     ``writable_bytes`` caps an image env's writable layer (unused on the host root).
     ``layers``: the image's layers, lowest first, once someone resolved them (the

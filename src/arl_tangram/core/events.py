@@ -46,6 +46,8 @@ class ActionFinished:
     exec_s: float | None = None
     stimulus_id: str = ""
     attempt: int | None = None
+    peak_mem_bytes: int | None = None  # the run's own peak memory (feeds the per-kind demand)
+    paused_s: float = 0.0  # how long its manager kept it paused (queue time, not execution)
 
 
 @dataclass(frozen=True)
@@ -181,10 +183,31 @@ class PrefetchRequested:
     stimulus_id: str = ""
 
 
+@dataclass(frozen=True)
+class EnvFootprint:
+    """The node measured ``env_id``'s idle footprint (resident + unreclaimable page cache,
+    tmpfs included), between actions. The core smooths it and charges it to the node."""
+
+    env_id: str
+    footprint_bytes: int
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ActionMemoryPaused:
+    """``action_id``'s env reached its cgroup limit (footprint + grants) and its processes
+    wait in the kernel instead of being OOM-killed; ``usage_bytes`` is the env's usage then.
+    The core answers ``GrowMemory``, keeps it waiting, or ``OomKill``."""
+
+    action_id: str
+    usage_bytes: int = 0
+    stimulus_id: str = ""
+
+
 Event = (
     ActionSubmitted | ActionFinished | ActionCancelled | EnvRequested | EnvReady | EnvFailed
     | EnvReleased | ServiceReady | ReplicaFailed | ServiceRegistered | NodeJoined | NodeLost
-    | NodeLayersChanged | ImagePulled | ImagePullFailed | PrefetchRequested
+    | NodeLayersChanged | ImagePulled | ImagePullFailed | PrefetchRequested | EnvFootprint | ActionMemoryPaused
 )  # fmt: skip
 
 

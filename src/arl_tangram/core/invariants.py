@@ -139,6 +139,25 @@ def _check_pulls(state: ClusterState) -> None:
                 _fail(f"env {env_id}: waits on pull {pull_id}, which is not a pull on its node")
 
 
+def _check_memory(state: ClusterState) -> None:
+    """Memory per action (``core.memory``): an env charged per action never has more than
+    its limit in footprint + grants; every memory wait is a running action paused for
+    memory, waiting for more than it holds."""
+    grants: dict[str, int] = defaultdict(int)
+    for run in state.running.values():
+        if run.spec.binding.kind == "env":
+            grants[run.spec.binding.name] += run.grant.mem_bytes
+    for env_id, env in state.envs.items():
+        if env.per_action_memory and env.held.mem_bytes + grants[env_id] > env.spec.mem_bytes:
+            _fail(f"env {env_id}: footprint {env.held.mem_bytes} + grants {grants[env_id]} over its limit {env.spec.mem_bytes}")
+    for action_id, want in state.mem_waits.items():
+        paused = state.running.get(action_id)
+        if paused is None or paused.paused_since_s is None or paused.pause_cause != "memory":
+            _fail(f"action {action_id}: waits for memory but is not a running action paused for memory")
+        elif want <= paused.grant.mem_bytes:
+            _fail(f"action {action_id}: waits for {want} bytes, no more than its grant {paused.grant.mem_bytes}")
+
+
 def validate(state: ClusterState) -> None:
     """Raise ``InvariantError`` if any capacity or bookkeeping invariant is broken."""
     _check_cpu(state)
@@ -148,3 +167,4 @@ def validate(state: ClusterState) -> None:
     _check_env_busy(state)
     _check_tenant_counts(state)
     _check_pulls(state)
+    _check_memory(state)

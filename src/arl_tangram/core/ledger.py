@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from arl_tangram.core import env_flow
+from arl_tangram.core import env_flow, memory
 from arl_tangram.core.action import ActionSpec, EnvSpec
 from arl_tangram.core.decisions import (
     EvictService,
@@ -82,15 +82,24 @@ def start_action(
     grant: ResourceVector | None = None,
     replica_id: str | None = None,
     extra_delay_s: float = 0.0,
+    mem_bytes: int | None = None,
 ) -> StartAction:
     """Move a queued action to running on ``node_id`` at ``dop``.
 
     ``grant`` defaults to the spec's demand at ``dop``; CPU and memory of the grant are taken
     from the node, quota tokens from the bound provider. ``extra_delay_s`` (e.g. a replica
-    still loading) only shifts the expected end used by the completion-time heap.
+    still loading) only shifts the expected end used by the completion-time heap. On an env
+    charged per action the memory grant comes on top: ``mem_bytes`` (the policy's), else
+    ``memory.action_grant``.
     """
     spec = qa.spec
     grant = spec.demand_at(dop) if grant is None else grant
+    env = ed.envs.get(spec.binding.name) if spec.binding.kind == "env" else None
+    per_action = env is not None and env.per_action_memory
+    if per_action:
+        assert env is not None
+        mem = memory.action_grant(ed, env, spec.memory_bytes, spec.kind) if mem_bytes is None else mem_bytes
+        grant = grant + ResourceVector(mem_bytes=mem)
     numa: tuple[int, ...] = ()
     if grant.cpu_millicores or grant.mem_bytes:
         numa = ed.take_cpu(node_id, grant)
@@ -112,7 +121,10 @@ def start_action(
         rep = ed.replicas[replica_id]
         busy = (*rep.busy_actions, spec.action_id)  # several only for a batching service
         ed.w("replicas")[replica_id] = replace(rep, busy_actions=busy, last_used_s=ed.now_s)
-    return StartAction(spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt)
+    mem_limit = memory.limit_bytes(ed, spec.binding.name) if per_action else None
+    return StartAction(
+        spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt, mem_limit_bytes=mem_limit
+    )
 
 
 def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Running | None:
@@ -121,6 +133,8 @@ def finish_action(ed: StateEditor, action_id: str, exec_s: float | None) -> Runn
     if run is None:
         return None
     del ed.w("running")[action_id]
+    if action_id in ed.mem_waits:
+        del ed.w("mem_waits")[action_id]
     lane = lane_of(run.spec.binding.kind)
     note_held(ed, lane, run.spec.tenant, -share_units(lane, run.grant))
     if run.grant.cpu_millicores or run.grant.mem_bytes:
@@ -201,6 +215,8 @@ def release_env(ed: StateEditor, env_id: str, reason: str, cause: str) -> Releas
         del ed.w("env_queue")[env_id]
     if env_id in ed.env_pulls:  # its pulls go on: their layers serve later envs
         del ed.w("env_pulls")[env_id]
+    if env_id in ed.env_footprint:
+        del ed.w("env_footprint")[env_id]
     if env.node_id is not None and not env.held.is_zero():
         ed.give_cpu(env.node_id, env.held, env.held_numa)
     return ReleaseEnv(env_id, env.node_id, reason, cause)

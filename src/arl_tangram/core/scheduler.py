@@ -18,14 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from arl_tangram.core import env_flow, images, ledger
+from arl_tangram.core import env_flow, images, ledger, memory
 from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
     ActionCancelled,
     ActionFinished,
+    ActionMemoryPaused,
     ActionSubmitted,
     EnvFailed,
+    EnvFootprint,
     EnvReady,
     EnvReleased,
     EnvRequested,
@@ -58,7 +60,10 @@ class StepResult:
 
 def round_stimulus(events: Sequence[Event]) -> str:
     """The stimulus id a round's policy decisions carry: its events' ids, or ``wake``."""
-    ids = [e.stimulus_id for e in events if e.stimulus_id]
+    # An event repeats the id of the decision it answers, which may itself name a round:
+    # keep each id's first stimulus only (deduplicated), or the ids of a busy loop nest
+    # round after round and grow without bound (a memory-bench run reached 22 GB).
+    ids = list(dict.fromkeys(e.stimulus_id.split("+", 1)[0] for e in events if e.stimulus_id))
     if not ids:
         return "wake" if not events else ""
     if len(ids) <= MAX_JOINED_STIMULI:
@@ -109,6 +114,7 @@ class Scheduler:
                 return []  # an earlier attempt's late report: that attempt is already over
             run = ledger.finish_action(ed, event.action_id, event.exec_s)
             if run is not None:
+                memory.observe_peak(ed, run.spec.kind, event.peak_mem_bytes)
                 ed.touch(run.node_id)
         elif isinstance(event, ActionCancelled):
             return self._cancel(ed, event.action_id, cause)
@@ -159,6 +165,12 @@ class Scheduler:
             return decisions
         elif isinstance(event, PrefetchRequested):
             return images.prefetch(ed, event, cause)
+        elif isinstance(event, EnvFootprint):
+            memory.observe_footprint(ed, event.env_id, event.footprint_bytes)
+            env = ed.envs.get(event.env_id)
+            ed.touch(env.node_id if env else None)
+        elif isinstance(event, ActionMemoryPaused):
+            memory.on_paused(ed, event.action_id, event.usage_bytes)
         return []
 
     def _submit(self, ed: StateEditor, event: ActionSubmitted, cause: str) -> list[Decision]:
@@ -171,6 +183,9 @@ class Scheduler:
             return [ledger.reject(ed, spec.action_id, str(exc), cause)]
         if spec.binding.kind == "env" and spec.binding.name not in ed.envs:
             return [ledger.reject(ed, spec.action_id, f"binding.name: env {spec.binding.name!r} does not exist", cause)]
+        if spec.binding.kind == "env" and spec.memory_bytes is not None and spec.memory_bytes > ed.envs[spec.binding.name].spec.mem_bytes:
+            limit = ed.envs[spec.binding.name].spec.mem_bytes
+            return [ledger.reject(ed, spec.action_id, f"memory: must be <= the env's memory limit ({limit} bytes)", cause)]
         arrived_s = ed.now_s if event.submitted_s is None else min(event.submitted_s, ed.now_s)
         ledger.enqueue(ed, spec, arrived_s)
         if spec.binding.kind == "service":

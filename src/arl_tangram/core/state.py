@@ -58,6 +58,9 @@ class EnvState:
     held: ResourceVector = ZERO
     held_numa: tuple[int, ...] = ()  # millicores of ``held`` per NUMA domain, returned on release
     ready: bool = False
+    # Memory per action (``core.memory``): ``held`` is the env's idle footprint, not its
+    # limit; its actions' grants come on top. False: ``held`` is the limit (a pod).
+    per_action_memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ _TABLES = (
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
     "tenant_queued", "tenant_held", "env_flow",
     "node_layers", "image_layers", "pulls", "env_pulls", "pull_rate",
+    "env_footprint", "mem_peaks", "mem_waits",
 )
 
 
@@ -171,6 +175,12 @@ class ClusterState:
     pulls: Mapping[str, PullState] = field(default_factory=dict)
     env_pulls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     pull_rate: Mapping[str, float] = field(default_factory=dict)
+    # Memory per action (core/memory.py): each env's measured idle footprint (smoothed,
+    # bytes), the recent peaks of each action kind (bytes, newest last), and the paused
+    # actions waiting for memory -> the grant (bytes) they wait for.
+    env_footprint: Mapping[str, int] = field(default_factory=dict)
+    mem_peaks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    mem_waits: Mapping[str, int] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -216,6 +226,9 @@ class StateEditor:
     pulls: Mapping[str, PullState]
     env_pulls: Mapping[str, tuple[str, ...]]
     pull_rate: Mapping[str, float]
+    env_footprint: Mapping[str, int]
+    mem_peaks: Mapping[str, tuple[int, ...]]
+    mem_waits: Mapping[str, int]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec

@@ -114,6 +114,8 @@ class ActionResult:
     ``cause`` names why an action did not run or failed in the infrastructure. ``attempts`` is
     the attempt it ended in: more than 1 when its node was lost and it was retried elsewhere
     (``queue_s`` then runs to the last start: the lost attempts count as queueing).
+    ``paused_s``: how long its manager kept it paused (at its memory limit, or preempted);
+    counted in ``queue_s``, never in ``exec_s``.
     """
 
     action_id: str
@@ -134,6 +136,7 @@ class ActionResult:
     cpu_s: float = 0.0
     peak_mem_bytes: int = 0
     attempts: int = 1
+    paused_s: float = 0.0
     held: Mapping[str, LazyOutput] = field(default_factory=dict)  # outputs left on their node (see the module)
 
     @property
@@ -187,6 +190,9 @@ class ActionRecord:
     # attempt while it runs, the next one once its node was lost (``RetryAction``), so a
     # lost attempt's late result never becomes the action's.
     attempt: int = 0
+    # its env's idle footprint as its manager measured it after the run (memory per action):
+    # reported to the core right after the action's ``ActionFinished``
+    footprint_bytes: int | None = None
     ended_s: float | None = None  # controller clock when the result was recorded
     # Output as it is produced (exec actions): (stream, text) chunks, at most
     # LIVE_OUTPUT_BYTES in all, and an event set on each new chunk (and then replaced by a

@@ -275,6 +275,7 @@ class Controller:
                 return existing
         if self.store.get(spec.action_id) is not None:
             raise SpecError("action_id", "must be unique among live actions", spec.action_id)
+        self._check_memory(spec)
         self.admission.check_action(spec.tenant, self.store)
         if self.journal is not None:
             self.journal.accepted(
@@ -285,6 +286,14 @@ class Controller:
             self.leases.renew(spec.binding.name, record.submitted_s)
         self.post(ActionSubmitted(spec, submitted_s=record.submitted_s))
         return record
+
+    def _check_memory(self, spec: ActionSpec) -> None:
+        """A declared memory demand above its env's limit can never run: ``SpecError``."""
+        if spec.memory_bytes is None or spec.binding.kind != "env":
+            return
+        env = self.loop.state.envs.get(spec.binding.name)
+        if env is not None and spec.memory_bytes > env.spec.mem_bytes:
+            raise SpecError("memory", f"must be <= the env's memory limit ({env.spec.mem_bytes} bytes)", spec.memory_bytes)
 
     def get(self, action_id: str) -> ActionRecord | None:
         """The record of a live or retained action; None once acknowledged or expired."""

@@ -27,7 +27,9 @@ from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.decisions import (
     CancelAction,
     EvictService,
+    GrowMemory,
     LoadService,
+    OomKill,
     PlaceEnv,
     PreemptAction,
     PullImage,
@@ -39,7 +41,9 @@ from arl_tangram.core.decisions import (
 from arl_tangram.core.env_spec import EnvSpec
 from arl_tangram.core.events import (
     ActionFinished,
+    ActionMemoryPaused,
     EnvFailed,
+    EnvFootprint,
     EnvReady,
     Event,
     NodeJoined,
@@ -82,8 +86,12 @@ class LiveExecutor(Executor):
         *,
         worker_threads: int = DEFAULT_WORKER_THREADS,
         before_run: Callable[[ActionRecord], Awaitable[None]] | None = None,
+        memory_pause: bool = True,
     ) -> None:
         self.agents = dict(agents)
+        # pause-and-grow (issue 21): an action over its memory grant waits for the core's
+        # decision; off, the kernel OOM-kills it at its grant
+        self.memory_pause = memory_pause
         self.store = store
         self.post = post
         self.env_specs = env_specs
@@ -274,7 +282,38 @@ class LiveExecutor(Executor):
         lost = record.spec.retryable and d.node_id in self.lost_nodes and not result.ok
         if record.attempt == d.attempt and not lost:
             self.store.complete(d.action_id, timed)
-        self.post(ActionFinished(d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt))
+        self.post(ActionFinished(
+            d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt,
+            peak_mem_bytes=result.peak_mem_bytes or None, paused_s=result.paused_s,
+        ))  # fmt: skip
+        if record.footprint_bytes is not None and record.spec.binding.kind == "env":
+            # after the finish, in the same round: the grant is gone, the footprint is charged
+            self.post(EnvFootprint(record.spec.binding.name, record.footprint_bytes, stimulus_id=d.stimulus_id))
+            record.footprint_bytes = None
+
+    # -- memory per action ---------------------------------------------------------------
+    def memory_paused_reporter(self, d: StartAction) -> Callable[[int], None]:
+        """The manager's pause callback for ``d`` (called on its watch thread): posts
+        ``ActionMemoryPaused`` on the loop."""
+        loop = asyncio.get_running_loop()
+
+        def report(usage_bytes: int) -> None:
+            event = ActionMemoryPaused(d.action_id, usage_bytes, stimulus_id=d.stimulus_id)
+            loop.call_soon_threadsafe(self.post, event)
+
+        return report
+
+    def grow_memory(self, d: GrowMemory) -> None:
+        cpu = self._agent(d.node_id).cpu
+        if cpu is not None:
+            self._spawn(self.blocking(cpu.grow_memory, d.env_id, d.limit_bytes), f"grow-memory:{d.action_id}")
+
+    def oom_kill(self, d: OomKill) -> None:
+        """The kernel ends the paused action (its result says ``oom_killed``); if it is no
+        longer paused with a watch (it just ended), there is nothing to do."""
+        cpu = self._agent(d.node_id).cpu
+        if cpu is not None:
+            self._spawn(self.blocking(cpu.oom_kill, d.env_id), f"oom-kill:{d.action_id}")
 
     def reject_action(self, d: RejectAction) -> None:
         self._stop(d.action_id)  # a running one: the core ended it (its env, replica or node is gone)
@@ -343,9 +382,11 @@ def _timed(record: ActionRecord, result: ActionResult, exec_s: float) -> ActionR
     start (to now if it never started), the measured execution, the rest as overhead."""
     now = time.monotonic()
     started = record.started_s if record.started_s is not None else now
-    queue_s = max(0.0, started - record.submitted_s)
+    # paused time (memory pauses, preemption) is queue time, never execution (contract A)
+    paused_s = min(max(0.0, result.paused_s), max(0.0, exec_s))
+    queue_s = max(0.0, started - record.submitted_s) + paused_s
     act_s = max(0.0, now - record.submitted_s)
-    exec_s = min(max(0.0, exec_s), act_s - queue_s)
+    exec_s = min(max(0.0, exec_s - paused_s), max(0.0, act_s - queue_s))
     return replace(
         result, queue_s=queue_s, exec_s=exec_s, overhead_s=max(0.0, act_s - queue_s - exec_s),
         dop=record.dop, node_id=record.node_id, attempts=max(1, record.attempt),

@@ -44,7 +44,12 @@ class EmbeddedRuntime:
         self._gpu_lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, config: TangramConfig | None = None, *, cpu_config: CpuManagerConfig | None = None) -> EmbeddedRuntime:
+    async def start(
+        cls, config: TangramConfig | None = None, *, cpu_config: CpuManagerConfig | None = None,
+        node_mem_bytes: int | None = None, memory_pause: bool = True,
+    ) -> EmbeddedRuntime:  # fmt: skip
+        """``node_mem_bytes``: the memory sandboxes may hold in all (default: a share of
+        this host's); ``memory_pause``: pause-and-grow on (issue 21)."""
         config = config or TangramConfig()
         cpu_config = cpu_config or CpuManagerConfig(
             pool_size=config.cpu.pool_size,
@@ -54,8 +59,9 @@ class EmbeddedRuntime:
         cpu = await asyncio.to_thread(CpuManager, cpu_config)
         api = ApiManager(config.providers) if config.providers else None
         agent = NodeAgent(LOCAL_NODE, cpu=cpu, api=api)
-        if config.cpu.node_mem_bytes is not None:  # the whole of it is the sandboxes'
-            agent.host_mem_bytes, agent.sandbox_memory_share = config.cpu.node_mem_bytes, 1.0
+        node_mem_bytes = node_mem_bytes if node_mem_bytes is not None else config.cpu.node_mem_bytes
+        if node_mem_bytes is not None:  # the whole of it is the sandboxes'
+            agent.host_mem_bytes, agent.sandbox_memory_share = node_mem_bytes, 1.0
         if config.images is not None:
             try:
                 agent.images = await asyncio.to_thread(make_image_store, config.images)
@@ -72,6 +78,8 @@ class EmbeddedRuntime:
         runtime = cls(config, agent, controller)
         try:
             await controller.start()
+            assert controller.executor is not None
+            controller.executor.memory_pause = memory_pause
             for service in config.services:
                 await runtime.register_service(service)
             controller.resume()

@@ -26,7 +26,9 @@ from arl_tangram.core.decisions import (
     CancelAction,
     Decision,
     EvictService,
+    GrowMemory,
     LoadService,
+    OomKill,
     PlaceEnv,
     PreemptAction,
     PullImage,
@@ -110,6 +112,15 @@ class Executor(abc.ABC):
         core orders pulls only for envs on images, which no other executor is given."""
         raise NotImplementedError(f"{type(self).__name__} cannot pull {d.image}: it has no image store")
 
+    def grow_memory(self, d: GrowMemory) -> None:
+        """Only an executor whose managers pause actions at their memory limit (the live
+        one) sees this: the core grows a grant only after an ``ActionMemoryPaused``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot grow {d.action_id}'s memory: it reports no pauses")
+
+    def oom_kill(self, d: OomKill) -> None:
+        """As ``grow_memory``: the core orders it only for an action reported paused."""
+        raise NotImplementedError(f"{type(self).__name__} cannot OOM-kill {d.action_id}: it reports no pauses")
+
     _handlers: dict[type, Callable[[Executor, Decision], None]] = {
         StartAction: lambda ex, d: ex.start_action(d),  # type: ignore[arg-type]
         PlaceEnv: lambda ex, d: ex.place_env(d),  # type: ignore[arg-type]
@@ -121,6 +132,8 @@ class Executor(abc.ABC):
         RetryAction: lambda ex, d: ex.retry_action(d),  # type: ignore[arg-type]
         PullImage: lambda ex, d: ex.pull_image(d),  # type: ignore[arg-type]
         PreemptAction: lambda ex, d: ex.preempt_action(d),  # type: ignore[arg-type]
+        GrowMemory: lambda ex, d: ex.grow_memory(d),  # type: ignore[arg-type]
+        OomKill: lambda ex, d: ex.oom_kill(d),  # type: ignore[arg-type]
     }
 
 

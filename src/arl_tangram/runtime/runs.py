@@ -49,6 +49,11 @@ async def run_exec(
         "dop": d.dop,
     }
     common: dict[str, Any] = {"timeout_s": p.timeout_s, "cancel": cancel, **grant}
+    memory: dict[str, Any] = {}
+    if d.mem_limit_bytes is not None:  # memory per action: pause at the grant, the core decides
+        memory["mem_limit_bytes"] = d.mem_limit_bytes
+        if ex.memory_pause:
+            memory["on_memory_paused"] = ex.memory_paused_reporter(d)
     if p.session_id is not None:
         if not isinstance(p.command, str):
             raise TypeError("a session runs a bash command string, not an argv")
@@ -62,7 +67,7 @@ async def run_exec(
 
         res = await ex.blocking(
             cpu.exec, record.spec.binding.name, p.command, env=env, cwd=p.cwd, stdin=p.stdin,
-            on_output=on_output, handle=handle, **common,
+            on_output=on_output, handle=handle, **common, **memory,
         )  # fmt: skip
     outcome = str(getattr(res.outcome, "value", res.outcome))
     result = ActionResult(
@@ -70,7 +75,10 @@ async def run_exec(
         stdout=res.stdout_text, stderr=res.stderr_text, cause=res.error,
         stdout_truncated=res.stdout_truncated, stderr_truncated=res.stderr_truncated,
         cpu_s=res.cpu_s, peak_mem_bytes=res.peak_mem_bytes, held=dict(getattr(res, "held_outputs", None) or {}),
+        paused_s=float(getattr(res, "paused_s", 0.0)),
     )  # fmt: skip
+    footprint = getattr(res, "footprint_bytes", None)
+    record.footprint_bytes = None if footprint is None else int(footprint)
     return result, float(res.wall_s)
 
 

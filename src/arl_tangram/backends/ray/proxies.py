@@ -174,9 +174,13 @@ class RayCpuProxy:
         """As ``CpuManager.exec``; a lost node is an outcome (``error``, ``node_lost: ...``),
         never raised, as the manager's own failures are. Live output (``on_output``) does not
         cross the node boundary yet: the output arrives with the result; nor does a
-        preemption handle (a demoted action on a Ray node keeps its cores' share)."""
+        preemption handle (a demoted action on a Ray node keeps its cores' share), nor a
+        memory pause callback (not wired through the actor yet): a remote env keeps its own
+        limit for the run, as before memory per action, so nothing dies at a learned grant."""
         kwargs.pop("on_output", None)
         kwargs.pop("handle", None)
+        kwargs.pop("on_memory_paused", None)
+        kwargs.pop("mem_limit_bytes", None)
         kwargs["numa_millicores"] = _plain(kwargs.get("numa_millicores"))
         return self._action("exec", cancel, sandbox_id, command, **kwargs)
 
@@ -194,6 +198,12 @@ class RayCpuProxy:
         except NodeLostError as exc:
             return ExecResult(outcome=Outcome.ERROR, exit_code=None, error=str(exc))
         return result
+
+    def grow_memory(self, sandbox_id: str, limit_bytes: int) -> bool:
+        return bool(self.link.call("cpu", "grow_memory", sandbox_id, limit_bytes))
+
+    def oom_kill(self, sandbox_id: str) -> bool:
+        return bool(self.link.call("cpu", "oom_kill", sandbox_id))
 
     def write_file(self, sandbox_id: str, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self.link.call("cpu", "write_file", sandbox_id, path, data, mode)

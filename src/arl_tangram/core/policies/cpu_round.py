@@ -11,14 +11,14 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from arl_tangram.core import ledger, snapshots
+from arl_tangram.core import ledger, memory, snapshots
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.opportunity import knee
 from arl_tangram.core.policies.waterfill import Claim
-from arl_tangram.core.resources import ResourceKind
+from arl_tangram.core.resources import ResourceKind, ResourceVector
 from arl_tangram.core.state import QueuedAction, StateEditor
 
 
@@ -29,6 +29,7 @@ class Pools:
     candidates: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
     backlog: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
     oldest_blocked_s: float | None = None
+    mem: dict[str, int] = field(default_factory=dict)  # candidate -> its memory grant (core.memory)
 
 
 def is_cpu_action(qa: QueuedAction) -> bool:
@@ -46,17 +47,28 @@ def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], nee
 
 
 def collect(
-    ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024
-) -> Pools:
+    ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024,
+    mem_reserve_bytes: int = 0,
+) -> Pools:  # fmt: skip
     """Walk the queue FCFS and take up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
 
     Skipping an action that does not fit lets smaller ones backfill, but once the head of a
     node's line has waited ``aging_s`` the node is reserved for it: no later action starts
     there until it has, so nothing starves. At most ``scan_limit`` CPU actions are looked
-    at per round, which bounds a round's cost however long the queue grows.
+    at per round, which bounds a round's cost however long the queue grows. An action on
+    an env charged per action (``core.memory``) also needs its memory grant, beside the
+    node's ``mem_reserve_bytes`` and what paused actions wait for, and room under its
+    env's limit.
     """
     pools = Pools()
-    free = {n: [f.free_millicores, f.free_mem_bytes] for n, f in ed.cpu.items()}
+    free = {n: [f.free_millicores, memory.admissible_bytes(ed, n, mem_reserve_bytes)] for n, f in ed.cpu.items()}
+    env_room: dict[str, int] = {}
+    # what a node could grant one action once nothing else runs there: no grant is larger,
+    # so every action fits some day (a demand above it pauses and grows, or is ended)
+    idle_room = {n: f.free_mem_bytes - mem_reserve_bytes for n, f in ed.cpu.items()}
+    for run in ed.running.values():
+        if run.node_id in idle_room:
+            idle_room[run.node_id] += run.grant.mem_bytes
     reserved: set[str] = set()
     taken = scanned = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
@@ -76,6 +88,13 @@ def collect(
             if not every_node and node_id not in touched:
                 continue  # its node's plan from an earlier round stands
             need = spec.demand_at(dop_of(qa))
+            if env.per_action_memory:
+                room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
+                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[env.node_id]))
+                if mem > room and (spec.memory_bytes is not None or memory.learned_peak(ed, spec.kind) is not None):
+                    continue  # a known demand its env's other actions leave no room for: it waits
+                mem = min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves
+                need = need + ResourceVector(mem_bytes=mem)
         else:
             need = spec.demand_at(dop_of(qa))
             node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
@@ -87,6 +106,10 @@ def collect(
         if fits and node_id not in reserved and taken < depth:
             f[0] -= need.cpu_millicores
             f[1] -= need.mem_bytes
+            if spec.binding.name in env_room:
+                mem_grant = need.mem_bytes - spec.demand_at(dop_of(qa)).mem_bytes
+                env_room[spec.binding.name] -= mem_grant
+                pools.mem[spec.action_id] = mem_grant
             pools.candidates[node_id].append(qa)
             taken += 1
             continue
@@ -174,5 +197,6 @@ def start_pools(
             chosen, dops = tuple(range(len(cands))), tuple(c.dop_min for c in claims)
             reason = f"fixed DoP {fixed_dop}"
         for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
-            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause))
+            mem = pools.mem.get(qa.spec.action_id)
+            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause, mem_bytes=mem))
     return decisions

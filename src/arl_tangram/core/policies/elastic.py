@@ -6,7 +6,7 @@ Evict-on-Execution; API actions pass a global token bucket. Envs hold memory onl
 
 from __future__ import annotations
 
-from arl_tangram.core import preemption
+from arl_tangram.core import memory, preemption
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, services
@@ -26,6 +26,10 @@ class ElasticPolicy(Policy):
     waits on its node is demoted and its cores re-granted (``core.preemption``); None: off.
     Deadlines (``ActionSpec.deadline_s``) are enforced either way.
 
+    ``memory_per_action``: envs hold their idle footprint and actions their memory grants
+    (``core.memory``; off: each env holds its limit for its life, as before issue 21);
+    ``mem_reserve_bytes`` of each node's memory are never granted (headroom).
+
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
 
@@ -40,11 +44,15 @@ class ElasticPolicy(Policy):
         deferral_tries: int = 8,
         opportunity_cost: bool = True,
         preempt_quantum_s: float | None = None,
+        memory_per_action: bool = True,
+        mem_reserve_bytes: int = 0,
     ) -> None:
         if preempt_quantum_s is not None and not preempt_quantum_s > 0:
             raise SpecError("preempt_quantum_s", "must be > 0 seconds, or None (no preemption)", preempt_quantum_s)
         self.preempt_quantum_s = preempt_quantum_s
         self.depth = depth
+        self.memory_per_action = memory_per_action
+        self.mem_reserve_bytes = mem_reserve_bytes
         self.opportunity_cost = opportunity_cost
         self.deferral_tries = deferral_tries
         self.aging_s = aging_s
@@ -56,7 +64,9 @@ class ElasticPolicy(Policy):
         return None
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
-        decisions = placement.place_spread(ed, cause)
+        reserve = self.mem_reserve_bytes
+        decisions = memory.serve_paused(ed, cause, reserve)  # paused actions come before new work
+        decisions += placement.place_spread(ed, cause, per_action_memory=self.memory_per_action, mem_reserve_bytes=reserve)
         decisions += preemption.reject_late(ed, cause)
         if self.preempt_quantum_s is not None:
             decisions += preemption.preempt_overdue(ed, cause, self.preempt_quantum_s)
@@ -66,7 +76,7 @@ class ElasticPolicy(Policy):
             spec = qa.spec
             return spec.dop_min if fixed is None else min(max(fixed, spec.dop_min), spec.dop_max)
 
-        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit)
+        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit, reserve)
         caps = None
         if fixed is None and self.opportunity_cost:
             caps = opportunity.fair_caps(ed, pools.candidates, pools.backlog)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from arl_tangram.core import images, ledger
+from arl_tangram.core import images, ledger, memory
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.policies import cpu_round, placement, quota, services
 from arl_tangram.core.policies.base import Policy
@@ -31,7 +31,8 @@ class K8sStaticPolicy(Policy):
         return services.bootstrap_static(ed, self.deployments)
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
-        decisions = placement.place_spread(ed, cause, cores_held=self.pod_millicores)
+        decisions = memory.serve_paused(ed, cause)  # a pod holds its limit: a pause there ends oom_killed
+        decisions += placement.place_spread(ed, cause, cores_held=self.pod_millicores)
         pod_cores = max(1, self.pod_millicores // MILLICORES_PER_CORE)
         for qa in list(ed.queue_cpu.values()):
             spec = qa.spec
@@ -84,7 +85,8 @@ class TaskPoolPolicy(Policy):
         return decisions
 
     def schedule(self, ed: StateEditor, cause: str) -> list[Decision]:
-        decisions = self._place(ed, cause)
+        decisions = memory.serve_paused(ed, cause)
+        decisions += self._place(ed, cause)
         dop = self.dop
         pools = cpu_round.collect(ed, self.depth, float("inf"), lambda qa: min(max(dop, qa.spec.dop_min), qa.spec.dop_max))
         decisions += cpu_round.start_pools(ed, pools, cause, self.depth, dop, evict=False)

@@ -8,7 +8,9 @@ and are spread over as host-root envs are, so a small pull does not pile envs on
 
 from __future__ import annotations
 
-from arl_tangram.core import images
+from dataclasses import replace
+
+from arl_tangram.core import images, memory
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.resources import ResourceVector
 from arl_tangram.core.state import StateEditor
@@ -21,19 +23,25 @@ def pending_envs(ed: StateEditor) -> list[str]:
     return sorted(ed.env_queue, key=lambda env_id: ed.env_queue[env_id])
 
 
-def place_spread(ed: StateEditor, cause: str, cores_held: int = 0) -> list[Decision]:
+def place_spread(
+    ed: StateEditor, cause: str, cores_held: int = 0, *, per_action_memory: bool = False, mem_reserve_bytes: int = 0
+) -> list[Decision]:
     """Place every pending env on the node with the most free memory that holds it.
 
     Spreading balances the envs, and so the future actions bound to them, over nodes.
     ``cores_held`` (millicores) is reserved for the env's whole life; zero under
-    Allocate-on-Execution, where an idle env holds memory only.
+    Allocate-on-Execution, where an idle env holds memory only: its limit, or with
+    ``per_action_memory`` its footprint (``core.memory``), admitted only beside
+    ``mem_reserve_bytes`` and what paused actions wait for.
     """
     decisions: list[Decision] = []
     for env_id in pending_envs(ed):
         env = ed.envs[env_id]
-        held = ResourceVector(cpu_millicores=cores_held, mem_bytes=env.spec.mem_bytes)
+        mem = memory.footprint_prior(env.spec) if per_action_memory else env.spec.mem_bytes
+        held = ResourceVector(cpu_millicores=cores_held, mem_bytes=mem)
         fits = [
-            n for n in sorted(ed.cpu) if ed.cpu[n].free_mem_bytes >= held.mem_bytes and ed.cpu[n].free_millicores >= cores_held
+            n for n in sorted(ed.cpu)
+            if memory.admissible_bytes(ed, n, mem_reserve_bytes) >= held.mem_bytes and ed.cpu[n].free_millicores >= cores_held
         ]  # fmt: skip
         if env.spec.fork_of:  # a fork's child: on its parent's node, where the snapshot is
             parent = ed.envs.get(env.spec.fork_of)
@@ -51,6 +59,8 @@ def place_spread(ed: StateEditor, cause: str, cores_held: int = 0) -> list[Decis
         for node_id in fits[1:]:
             if _spread_key(ed, node_id, cores_held) > _spread_key(ed, best, cores_held):
                 best = node_id
+        if per_action_memory:
+            ed.w("envs")[env_id] = replace(env, per_action_memory=True)
         decisions += images.assign_env(ed, env_id, best, held, reason, cause)
     return decisions
 

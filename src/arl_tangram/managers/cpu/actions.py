@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
@@ -57,6 +57,9 @@ class ActionRequest:
     background: bool = False
     on_output: OutputSink | None = None  # live chunks while it runs (proc_io.OutputSink)
     kill_grace_s: float = KILL_GRACE_S  # a timed-out action's processes are gone within this
+    # time it spent paused at its memory limit so far: pushed onto its deadline (paused
+    # time is queue time, never execution); the launcher's own backstop timer is then off
+    paused_s: Callable[[], float] | None = None
 
 
 def spawn_in_slot(
@@ -164,12 +167,13 @@ def _run(
     driver.reset_slot_counters(sandbox.group, slot)
     oom_before = driver.oom_kills(sandbox.group)
     started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
-    proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, req.timeout_s)
+    backstop_s = req.timeout_s if req.paused_s is None else None
+    proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
-        stop_grace_s=req.kill_grace_s,
+        stop_grace_s=req.kill_grace_s, paused_s=req.paused_s,
     )  # fmt: skip
     # the launcher's own timer fired first (this thread ran late): a timeout all the same
     by_launcher = res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from arl_tangram.managers.cpu.memory_watch import MemoryWatch
+
 #: cfs period used for grants; 100 ms is the kernel default and keeps throttling smooth.
 CPU_PERIOD_US = 100_000
 #: smallest quota the kernel accepts; used (with the freezer) for idle sandboxes.
@@ -87,6 +89,16 @@ class CgroupDriver(Protocol):
     def sandbox_cpu_ns(self, sandbox: str) -> int: ...
 
     def oom_kills(self, sandbox: str) -> int: ...
+
+    # memory per action: the limit for a running action's life, pause-instead-of-kill, the
+    # watch that says it is stuck, and the idle footprint (see ``memory_watch``)
+    def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None: ...
+
+    def set_memory_pause(self, sandbox: str, on: bool) -> None: ...
+
+    def open_memory_watch(self, sandbox: str) -> MemoryWatch | None: ...
+
+    def sandbox_footprint_bytes(self, sandbox: str) -> int: ...
 
 
 def format_cpus(cpus: Sequence[int]) -> str:

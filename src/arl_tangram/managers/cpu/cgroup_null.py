@@ -69,6 +69,15 @@ class NullCgroupDriver:
     def slot_peak_bytes(self, sandbox: str, slot: str) -> int:
         return 0
 
+    def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None: ...
+    def set_memory_pause(self, sandbox: str, on: bool) -> None: ...
+
+    def open_memory_watch(self, sandbox: str) -> None:
+        return None  # unisolated: nothing is limited, nothing pauses
+
+    def sandbox_footprint_bytes(self, sandbox: str) -> int:
+        return 0
+
     def sandbox_memory_bytes(self, sandbox: str) -> int:
         return 0
 

@@ -30,6 +30,7 @@ from arl_tangram.managers.cpu.cgroup_fs import (
 )
 from arl_tangram.managers.cpu.cgroup_kill import kill_frozen
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
+from arl_tangram.managers.cpu.memory_watch import V1OomWatch
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
 _SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer")
@@ -170,6 +171,26 @@ class CgroupV1Driver:
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path("memory", sandbox, "memory.limit_in_bytes"), str(mem_bytes))
         write_text(self._path("pids", sandbox, "pids.max"), str(pids_max))
+
+    # -- memory per action (memory_watch) -----------------------------------------------
+    def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None:
+        """The sandbox's limit for a running action's life: footprint + grants (v1 keeps
+        one limit; the env's own ceiling is the core's to respect)."""
+        write_text(self._path("memory", sandbox, "memory.limit_in_bytes"), str(limit_bytes))
+
+    def set_memory_pause(self, sandbox: str, on: bool) -> None:
+        """On: tasks over the limit wait in the kernel; off: the kernel OOM-kills them (turning
+        it off while they wait is how an action is ended ``oom_killed``)."""
+        write_text(self._path("memory", sandbox, "memory.oom_control"), "1" if on else "0")
+
+    def open_memory_watch(self, sandbox: str) -> V1OomWatch:
+        return V1OomWatch(self._path("memory", sandbox))
+
+    def sandbox_footprint_bytes(self, sandbox: str) -> int:
+        """What the sandbox holds that reclaim cannot take back: resident anonymous memory and
+        shmem (its tmpfs pages: a file left in /tmp or an image env's writable upper)."""
+        stat = read_keyed(self._path("memory", sandbox, "memory.stat"))
+        return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
 
     def freeze(self, sandbox: str) -> None:
         """Stop every task of the sandbox (asynchronous in v1: state may read FREEZING a while)."""

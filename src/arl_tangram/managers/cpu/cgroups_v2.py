@@ -29,6 +29,7 @@ from arl_tangram.managers.cpu.cgroup_fs import (
 )
 from arl_tangram.managers.cpu.cgroup_kill import kill_frozen
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
+from arl_tangram.managers.cpu.memory_watch import V2HighWatch
 
 V2_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
 
@@ -145,6 +146,26 @@ class CgroupV2Driver:
         if os.path.exists(self._path(sandbox, "memory.swap.max")):
             write_text(self._path(sandbox, "memory.swap.max"), "0")
         write_text(self._path(sandbox, "pids.max"), str(pids_max))
+
+    # -- memory per action (memory_watch) -----------------------------------------------
+    def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None:
+        """A running action's grant as ``memory.high`` (throttled over it, never killed);
+        ``memory.max`` stays the env's limit."""
+        write_text(self._path(sandbox, "memory.high"), str(limit_bytes))
+
+    def set_memory_pause(self, sandbox: str, on: bool) -> None:
+        """Off ends the pause as an OOM kill: ``memory.max`` drops to ``memory.high`` (the
+        kernel OOM-kills what does not fit); on restores nothing (``set_limits`` does)."""
+        if not on:
+            high = read_text(self._path(sandbox, "memory.high")).strip()
+            write_text(self._path(sandbox, "memory.max"), high)
+
+    def open_memory_watch(self, sandbox: str) -> V2HighWatch:
+        return V2HighWatch(self._path(sandbox))
+
+    def sandbox_footprint_bytes(self, sandbox: str) -> int:
+        stat = read_keyed(self._path(sandbox, "memory.stat"))
+        return stat.get("anon", 0) + stat.get("shmem", 0)
 
     def freeze(self, sandbox: str) -> None:
         write_text(self._path(sandbox, "cgroup.freeze"), "1")

@@ -24,8 +24,8 @@ import secrets
 import shutil
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from arl_tangram.managers.cpu import files
 from arl_tangram.managers.cpu.actions import ActionRequest, run_action
@@ -51,6 +51,7 @@ from arl_tangram.managers.cpu.errors import (
 from arl_tangram.managers.cpu.grants import MILLICORES_PER_CORE, GrantRequest, grant_request
 from arl_tangram.managers.cpu.keeper import Keeper, sweep_dead
 from arl_tangram.managers.cpu.launch import SANDBOX_PATH, SandboxLayout
+from arl_tangram.managers.cpu.memory_pause import MemoryPauses
 from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.managers.cpu.proc_io import OutputSink
@@ -120,6 +121,7 @@ class CpuManager:
             self.swept_roots = sweep_dead(self.driver, self._make_driver)
         self.driver.create_root()
         self.sessions = SessionRegistry(self)
+        self.memory = MemoryPauses(self.driver)
         self._filler: threading.Thread | None = None
         if self.config.pool_size:
             for _ in range(self.config.pool_size):
@@ -403,6 +405,7 @@ class CpuManager:
         stdin: bytes | str | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None,
         timeout_s: float = 60.0, max_output_bytes: int | None = None, cancel: threading.Event | None = None,
         background: bool = False, on_output: OutputSink | None = None, handle: RunHandle | None = None,
+        mem_limit_bytes: int | None = None, on_memory_paused: Callable[[int], None] | None = None,
     ) -> ExecResult:  # fmt: skip
         """Run a program (argv) or a ``bash -c`` string confined to exactly the named grant
         (see ``grants``; nothing named = 1 core). ``TANGRAM_DOP`` = ``dop``, default the
@@ -410,7 +413,13 @@ class CpuManager:
         running is killed unless ``background=True`` (kept, within the holding or at the
         minimum quota, until it exits or the sandbox is destroyed). ``on_output(stream,
         chunk)`` receives the output live, on the pumping thread. ``handle`` lets the
-        controller demote the run while it runs (``preempt.RunHandle``)."""
+        controller demote the run while it runs (``preempt.RunHandle``).
+
+        Memory per action: ``mem_limit_bytes`` is the env's memory limit for the run (its
+        footprint + grants, at most its own limit); with ``on_memory_paused(usage_bytes)``
+        the run pauses over it instead of being OOM-killed, until ``grow_memory`` or
+        ``oom_kill`` (``memory_pause``). The result reports ``paused_s`` and the env's
+        footprint after the run."""
         argv = validate_command(command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
         sb = self.get_sandbox(sandbox_id)
@@ -425,19 +434,49 @@ class CpuManager:
                 slot = sb.begin(cpus, g.millicores)
             except SandboxGoneError:
                 return ExecResult(outcome=Outcome.CANCELLED, exit_code=None, millicores=g.millicores)
+            pause = None
             try:
                 seen = sb.slot_cpus(slot)
                 dop_now = g.dop or max(1, len(seen))
                 env_all = {**self.base_env(sandbox_id, dop_now), **req.env, "TANGRAM_DOP": str(dop_now)}
                 if handle is not None:
                     handle.attach(sb, slot, req.timeout_s)
-                return run_action(sb, self.driver, slot, ActionRequest(**{**req.__dict__, "env": env_all}), (seen, g.millicores), cancel)
+                if mem_limit_bytes is not None:
+                    pause = self.memory.open(sandbox_id, sb.group, self._mem_limit(sandbox_id, mem_limit_bytes), on_memory_paused)
+                run_req = ActionRequest(**{**req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None})
+                res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
                 if handle is not None:
                     handle.detach()
                 sb.end(slot, keep="kept" if req.background else "free")
+                paused_s = 0.0
+                if pause is not None:
+                    paused_s = self.memory.close(sandbox_id, pause, self._mem_limit(sandbox_id, None))
+                elif mem_limit_bytes is not None:  # no watch of its own: give the env its own limit back
+                    self.memory.restore(sandbox_id, sb.group, self._mem_limit(sandbox_id, None))
+            if mem_limit_bytes is None:
+                return res
+            return replace(res, paused_s=paused_s, footprint_bytes=self.driver.sandbox_footprint_bytes(sb.group))
         finally:
             self.release(cpus)
+
+    def _mem_limit(self, sandbox_id: str, limit_bytes: int | None) -> int:
+        """``limit_bytes`` capped at the sandbox's own limit (that, when None)."""
+        ceiling = self._specs.get(sandbox_id, self.config.default_spec).mem_bytes
+        return ceiling if limit_bytes is None else max(1 << 20, min(limit_bytes, ceiling))
+
+    def grow_memory(self, sandbox_id: str, limit_bytes: int) -> bool:
+        """Raise the memory limit of the sandbox's running action (it resumes if paused);
+        False when none of its actions runs with a memory grant (idempotent)."""
+        return self.memory.grow(sandbox_id, self._mem_limit(sandbox_id, limit_bytes))
+
+    def oom_kill(self, sandbox_id: str) -> bool:
+        """End the sandbox's paused action ``oom_killed`` (the kernel's OOM killer acts)."""
+        return self.memory.oom_kill(sandbox_id)
+
+    def footprint_bytes(self, sandbox_id: str) -> int:
+        """The sandbox's idle footprint now (resident + shmem, its tmpfs files included)."""
+        return self.driver.sandbox_footprint_bytes(self.get_sandbox(sandbox_id).group)
 
     def _cwd(self, cwd: str | None, layout: SandboxLayout) -> str:
         if cwd is None:

@@ -73,6 +73,7 @@ def pump(
     on_output: OutputSink | None = None,
     started: float | None = None,
     stop_grace_s: float = _STOP_GRACE_S,
+    paused_s: Callable[[], float] | None = None,
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
@@ -81,7 +82,8 @@ def pump(
     timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the wait
     then continues until the process is gone, at most ``stop_grace_s`` (then ``proc`` is
     killed). A process whose exit is already pending when the deadline is noticed has ended
-    by itself and is not timed out. Called from one thread per process.
+    by itself and is not timed out. ``paused_s()`` (time it spent paused at its memory
+    limit) pushes the deadline back. Called from one thread per process.
     """
     out = StreamBuffer(cap_bytes, bytearray(), name="stdout", sink=on_output)
     err = StreamBuffer(cap_bytes, bytearray(), name="stderr", sink=on_output)
@@ -99,12 +101,14 @@ def pump(
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
         else:
             proc.stdin.close()
-    deadline = (time.monotonic() if started is None else started) + timeout_s
+    base_deadline = deadline = (time.monotonic() if started is None else started) + timeout_s
     stopped = timed_out = cancelled = exited = False
     stop_at = killed_at = None
     try:
         while not exited:
             now = time.monotonic()
+            if not stopped and paused_s is not None:
+                deadline = base_deadline + paused_s()
             if not stopped:
                 is_cancel = cancel is not None and cancel.is_set()
                 if (now >= deadline or is_cancel) and not _exited(pidfd):
@@ -119,7 +123,7 @@ def pump(
                 proc.kill()
                 break
             wait = deadline - now
-            if cancel is not None and not stopped:
+            if (cancel is not None or paused_s is not None) and not stopped:
                 wait = min(wait, 0.05)
             for key, _ in sel.select(wait):
                 if key.data == "exit":

@@ -42,6 +42,8 @@ counts the processes it left running that were killed when it ended."""
     error: str | None = None
     leftovers_killed: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    paused_s: float = 0.0  # spent paused at its memory limit (queue time, not execution)
+    footprint_bytes: int | None = None  # its env's idle footprint measured after it (memory per action)
 
     @property
     def ok(self) -> bool:
