@@ -1,8 +1,7 @@
 """``arl-tangram bench live``'s SWE workload at CI size (T = 1, G = 2, a light repo): the
 task repos' verdicts, every rollout finishing with the right reward on real task images,
 the pod systems' real cgroup reservations, a spike over a ``k8s-burstable-fit`` pod's limit
-ending ``oom_killed`` (its reward lost), and, once fork lands, forked rollouts starting from
-the set-up state. The suite's ``no_leftovers`` fixture checks nothing is left running."""
+ending ``oom_killed`` (its reward lost), and forked rollouts starting from the set-up state. The suite's ``no_leftovers`` fixture checks nothing is left running."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from arl_tangram.bench.live.common import Progress
 from arl_tangram.bench.live.swe_images import host_base
 from arl_tangram.bench.live.swe_plan import SweConfig, make_plans
 from arl_tangram.bench.live.swe_repo import BUG_KINDS, RepoConfig, make_task
-from arl_tangram.bench.live.swe_rollout import HAS_FORK, SETUP_MARKER, RolloutContext
+from arl_tangram.bench.live.swe_rollout import SETUP_MARKER, RolloutContext
 from arl_tangram.client.client import Env
 
 LIGHT = RepoConfig(fast_tests=6, heavy_tests=2, heavy_work=2_000, setup_work=20_000, sieve_limit=200_000)
@@ -120,13 +119,11 @@ def test_every_system_runs_on_one_memory_budget(prepared: swe.Prepared, sandbox_
             agent = tg.transport.runtime.agent  # type: ignore[attr-defined]
             assert agent.cpu_node_spec().mem_bytes == SMALL.budget_bytes, "the scheduler places within the budget"
             assert swe.limit_run_memory(tg, SMALL.budget_bytes)
-            root = Path(agent.cpu.driver._path("memory"))
-            assert int((root / "memory.limit_in_bytes").read_text()) == SMALL.budget_bytes, "a cgroup around the run"
+            assert agent.cpu.driver.root_memory_limit_bytes() == SMALL.budget_bytes, "a cgroup around the run"
 
     asyncio.run(main())
 
 
-@pytest.mark.skipif(not HAS_FORK, reason="needs env.fork (issue 20)")
 def test_forked_rollouts_start_from_the_set_up_state(prepared: swe.Prepared, sandbox_host: None) -> None:
     async def main() -> None:
         cfg = swe.system_config("tangram", SMALL, swe.pool_cores(), prepared.store_path)

@@ -6,7 +6,8 @@ rollouts on real task images, run by ARL-Tangram and by the pod sizings people r
 the same seeded plans (``swe_plan``) on each system in turn, on the same cores:
 
 - ``tangram`` (policy ``elastic``): per group, one env is set up once and forked G-1 times
-  (``setup_group``); memory is declared per action; the suite runs at 1..all cores.
+  (``setup_group``); memory is declared per action (an env holds its footprint, its
+  ``memory=`` is a ceiling); the suite runs at 1..all cores.
 - ``k8s-spec``: a pod per rollout at the framework spec (request = limit = 1 CPU, 2 GiB);
   pods beyond the node's cores wait Pending.
 - ``k8s-burstable-fit``: a pod per rollout sized so the batch fits at once (CPU request
@@ -24,6 +25,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import arl_tangram
 from arl_tangram.bench.image_kit import CACHE_DIR
@@ -32,13 +34,7 @@ from arl_tangram.bench.live.common import LiveOptions, Progress, WorkloadResult
 from arl_tangram.bench.live.swe_plan import PodSize, RolloutPlan, SweConfig, make_plans
 from arl_tangram.bench.live.swe_repo import SweTask, make_task
 from arl_tangram.bench.live.swe_result import workload_result
-from arl_tangram.bench.live.swe_rollout import (
-    HAS_FORK,
-    RolloutContext,
-    RolloutOutcome,
-    rollout,
-    setup,
-)
+from arl_tangram.bench.live.swe_rollout import RolloutContext, RolloutOutcome, rollout, setup
 from arl_tangram.client import AsyncClient
 from arl_tangram.client.client import Env
 from arl_tangram.runtime.config import CpuConfig, SchedulerConfig, TangramConfig
@@ -111,16 +107,13 @@ def system_config(system: str, config: SweConfig, cores: int, store_path: Path) 
 def limit_run_memory(tg: AsyncClient, budget_bytes: int) -> bool:
     """The cgroup around the run: the memory limit of the CPU manager's root group, above
     every sandbox's own, so the host's other work never decides what fits (cgroup v1 with
-    hierarchical accounting; elsewhere False and only the scheduler keeps to the budget)."""
-    cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
-    driver = cpu.driver
-    if getattr(driver, "version", None) != 1:
-        return False
-    root = Path(driver._path("memory"))  # the manager's root group (no public accessor yet)
-    if (root / "memory.use_hierarchy").read_text().strip() != "1":
-        return False
-    (root / "memory.limit_in_bytes").write_text(str(budget_bytes))
-    return True
+    hierarchical accounting, or v2; elsewhere False and only the scheduler keeps to the budget)."""
+    return bool(_cpu_manager(tg).driver.limit_root_memory(budget_bytes))
+
+
+def _cpu_manager(tg: AsyncClient) -> Any:
+    """The in-process runtime's CPU manager (the bench runs the runtime in its own process)."""
+    return tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
 
 
 async def run_system(
@@ -128,8 +121,9 @@ async def run_system(
 ) -> tuple[list[RolloutOutcome], float]:  # fmt: skip
     """Every rollout of the batch at once on a fresh runtime of ``system``; returns
     (outcomes, step seconds: first rollout start to last reward)."""
-    ctx = RolloutContext(system, config, cores, t0)
     async with arl_tangram.connect(config=system_config(system, config, cores, prepared.store_path), tenant=WORKLOAD) as tg:
+        footprint_of = _cpu_manager(tg).footprint_bytes if system == "tangram" else None
+        ctx = RolloutContext(system, config, cores, t0, footprint_of)
         limit_run_memory(tg, config.budget_bytes)
         async with asyncio.TaskGroup() as group:
             if system == "tangram":
@@ -152,9 +146,8 @@ async def open_pod(tg: AsyncClient, pod: PodSize, image: str, trajectory_id: str
     Burstable pod's request then becomes a cpu.shares weight with no quota, on all cpus."""
     env = await tg.create_env(image=image, memory=pod.mem_bytes, trajectory_id=trajectory_id)
     if not pod.guaranteed:
-        cpu = tg.transport.runtime.agent.cpu  # type: ignore[attr-defined]
         try:
-            await asyncio.to_thread(cpu.hold, env.env_id, pod.millicores, limit=False)
+            await asyncio.to_thread(_cpu_manager(tg).hold, env.env_id, pod.millicores, limit=False)
         except BaseException:
             await env.release()
             raise
@@ -182,15 +175,16 @@ async def _pod_rollout(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared,
 
 
 async def setup_group(ctx: RolloutContext, tg: AsyncClient, image: str, plans: list[RolloutPlan]) -> tuple[list[Env], list[RolloutOutcome]]:
-    """Tangram's set-up of one GRPO group (needs ``Env.fork``, issue 20): one env, set up
-    once, then forked G-1 times, so the children start from the set-up state. Returns the
-    G envs (member order) and their outcomes, each charged one setup plus the forks over G."""
-    outs = [RolloutOutcome(p, ctx.now(), reserved_mem_bytes=_tangram_env_reserved(ctx)) for p in plans]
+    """Tangram's set-up of one GRPO group: one env, set up once, then forked G-1 times, so
+    the children start from the set-up state. Returns the G envs (member order) and their
+    outcomes, each charged one setup plus the forks over G. The envs reserve nothing for
+    their life: memory is granted per action, and each holds its footprint between them."""
+    outs = [RolloutOutcome(p, ctx.now()) for p in plans]
     parent = await tg.create_env(image=image, memory=ctx.config.tangram_env_limit_bytes, trajectory_id=plans[0].rollout_id)
     ready_s = ctx.now()
     try:
         s = await setup(ctx, parent, outs[0].setup)
-        children = await parent.fork(len(plans) - 1)  # type: ignore[attr-defined]
+        children = await parent.fork(len(plans) - 1)
     except BaseException:
         await parent.release()  # the group never started: nothing of it may outlive the call
         raise
@@ -200,18 +194,9 @@ async def setup_group(ctx: RolloutContext, tg: AsyncClient, image: str, plans: l
     return [parent, *children], outs
 
 
-def _tangram_env_reserved(ctx: RolloutContext) -> int:
-    """What a tangram env holds for its life: its limit until memory is granted per action."""
-    return 0 if ctx.per_action_memory else ctx.config.tangram_env_limit_bytes
-
-
 async def _tangram_group(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared, plans: list[RolloutPlan], progress: Progress) -> list[RolloutOutcome]:
-    """One group on tangram: set up once and forked where fork exists; without it (issue 20
-    not merged) every member gets its own env and set-up, one after another as memory
-    frees (holding G envs before any member runs could wait forever on the budget)."""
+    """One group on tangram: set up once, forked G-1 times, the G members run at once."""
     task = prepared.tasks[plans[0].task_index]
-    if not HAS_FORK:
-        return list(await asyncio.gather(*(_tangram_alone(ctx, tg, prepared, p, progress) for p in plans)))
     envs, outs = await setup_group(ctx, tg, prepared.references[task.task_id], plans)
     try:
         async with asyncio.TaskGroup() as group:
@@ -221,18 +206,6 @@ async def _tangram_group(ctx: RolloutContext, tg: AsyncClient, prepared: Prepare
         for env in envs:
             await env.release()
     return outs
-
-
-async def _tangram_alone(ctx: RolloutContext, tg: AsyncClient, prepared: Prepared, plan: RolloutPlan, progress: Progress) -> RolloutOutcome:
-    task = prepared.tasks[plan.task_index]
-    out = RolloutOutcome(plan, ctx.now(), reserved_mem_bytes=_tangram_env_reserved(ctx))
-    limit = ctx.config.tangram_env_limit_bytes
-    async with await tg.create_env(image=prepared.references[task.task_id], memory=limit, trajectory_id=plan.rollout_id) as env:
-        out.env_ready_s = ctx.now()
-        s = await setup(ctx, env, out.setup)
-        out.setup_s, out.lost = s.act_s, int(s.outcome != "succeeded")
-        await _member(ctx, env, task, out, progress)
-    return out
 
 
 async def _member(ctx: RolloutContext, env: Env, task: SweTask, out: RolloutOutcome, progress: Progress) -> None:

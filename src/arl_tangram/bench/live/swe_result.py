@@ -6,8 +6,8 @@ and the distribution parameters the simulator check runs the workload from.
 Pure: called by ``swe.run_async`` with every system's rollouts and step time.
 Formulas (issue 24): ``reserved_ratio`` = (core-s_t / C + GiB-s_t / M) / (core-s_b / C +
 GiB-s_b / M) with C the pool's cores and M the budget in GiB; "reserved" is what a system
-holds: a pod its request for its life; tangram its grants while an action runs, plus the
-env's limit for its life where memory is not yet granted per action (issue 21 not merged).
+holds: a pod its request for its life; tangram its grants while an action runs plus each
+env's idle footprint (measured after every action, held until its next action ends).
 """
 
 from __future__ import annotations
@@ -19,12 +19,7 @@ from typing import Any
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 from arl_tangram.bench.live.simcheck import fit_lognormal
 from arl_tangram.bench.live.swe_plan import ACT_KINDS, GIB, SweConfig
-from arl_tangram.bench.live.swe_rollout import (
-    HAS_FORK,
-    HAS_MEMORY_PER_ACTION,
-    ActionRecord,
-    RolloutOutcome,
-)
+from arl_tangram.bench.live.swe_rollout import RolloutOutcome
 
 TANGRAM = "tangram"
 
@@ -37,15 +32,19 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
-def _span(a: ActionRecord) -> tuple[float, float]:
-    start = a.started_s
-    return start, start + a.result.exec_s + a.result.overhead_s
-
-
 Spans = list[tuple[float, float, float]]
 
 
-def _reserved(system: str, outcomes: list[RolloutOutcome], grant_mem: bool) -> tuple[Spans, Spans]:
+def _footprints(o: RolloutOutcome) -> Spans:
+    """The GiB an env holds between its actions: its footprint after each action, from that
+    action's end to the next one's (the last to the rollout's end). A forked child holds
+    only its empty writable layer before its first action (nothing measurable)."""
+    records = o.setup + o.actions
+    ends = [a.ended_s for a in records[1:]] + [max(o.ended_s, records[-1].ended_s)] if records else []
+    return [(a.ended_s, end, a.footprint_bytes / GIB) for a, end in zip(records, ends, strict=True) if a.footprint_bytes]
+
+
+def _reserved(system: str, outcomes: list[RolloutOutcome]) -> tuple[Spans, Spans]:
     """(core spans held, GiB spans held) of a system's rollouts."""
     cores: Spans = []
     mem: Spans = []
@@ -55,20 +54,19 @@ def _reserved(system: str, outcomes: list[RolloutOutcome], grant_mem: bool) -> t
             cores.append((*life, o.reserved_millicores / 1000))
         if o.reserved_mem_bytes:
             mem.append((*life, o.reserved_mem_bytes / GIB))
-        if system == TANGRAM:  # Allocate-on-Execution: cores (and memory, with issue 21) per action
+        if system == TANGRAM:  # Allocate-on-Execution: cores and memory per action, plus footprints
             for a in o.setup + o.actions:
-                start, end = _span(a)
-                cores.append((start, end, float(a.result.dop or 1)))
-                if grant_mem and a.mem_bytes:
-                    mem.append((start, end, a.mem_bytes / GIB))
+                cores.append((a.started_s, a.ended_s, float(a.result.dop or 1)))
+                if a.mem_bytes:
+                    mem.append((a.started_s, a.ended_s, a.mem_bytes / GIB))
+            mem.extend(_footprints(o))
     return cores, mem
 
 
 def system_run(system: str, outcomes: list[RolloutOutcome], step_s: float, config: SweConfig) -> SystemRun:
     acts = [a for o in outcomes for a in o.actions if a.kind in ACT_KINDS]
     every = [a for o in outcomes for a in o.setup + o.actions]
-    grant_mem = system == TANGRAM and HAS_MEMORY_PER_ACTION
-    reserved, mem_reserved = _reserved(system, outcomes, grant_mem)
+    reserved, mem_reserved = _reserved(system, outcomes)
     used = [(a.started_s, a.started_s + a.result.exec_s, a.result.cpu_s) for a in every]
     mem_used = [(a.started_s, a.started_s + a.result.exec_s, a.result.peak_mem_bytes / GIB) for a in every]
     run = SystemRun(
@@ -110,7 +108,7 @@ def workload_result(runs: dict[str, tuple[list[RolloutOutcome], float]], config:
     systems = {name: system_run(name, outs, step_s, config) for name, (outs, step_s) in runs.items()}
     summary: dict[str, Any] = {
         "pool_cores": cores, "batch": config.batch, "num_tasks": config.num_tasks, "group_size": config.group_size,
-        "budget_gib": config.budget_bytes / GIB, "fork_used": HAS_FORK, "memory_per_action": HAS_MEMORY_PER_ACTION,
+        "budget_gib": config.budget_bytes / GIB,
         "mean_act_s": {n: r.mean_act_s for n, r in systems.items()}, "step_s": {n: r.step_s for n, r in systems.items()},
         "per_system": {n: dict(r.extra) for n, r in systems.items()},
     }  # fmt: skip
@@ -142,7 +140,7 @@ def _fitted(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConf
             by_kind[a.kind].append(a.result.cpu_s if a.kind == "test" else a.result.exec_s)
     fitted: dict[str, Any] = {"cores": cores, "batch": config.batch, "group_size": config.group_size,
                               "think_mean_s": config.think_mean_s, "think_sigma": config.think_sigma,
-                              "env_mem_bytes": config.tangram_env_limit_bytes, "fork": HAS_FORK,
+                              "env_mem_bytes": config.tangram_env_limit_bytes, "fork": True,
                               "cluster": {"mem_bytes": config.budget_bytes * 2}}  # fmt: skip
     for kind, values in by_kind.items():
         mean, sigma = fit_lognormal(values)

@@ -11,9 +11,8 @@ final tree. A think (a sleep: no LLM runs) comes before each action. Who calls:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,10 +22,6 @@ from arl_tangram.client import Elastic
 from arl_tangram.client.client import Env
 from arl_tangram.runtime.actions import ActionResult
 
-#: memory per action (issue 21): ``Env.exec`` takes ``memory=`` once it has landed
-HAS_MEMORY_PER_ACTION = "memory" in inspect.signature(Env.exec).parameters
-#: snapshot/fork (issue 20): the env handle forks once it has landed
-HAS_FORK = hasattr(Env, "fork")
 SETUP_MARKER = "/testbed/.setup-done"
 
 
@@ -38,6 +33,11 @@ class ActionRecord:
     submitted_s: float
     result: ActionResult
     mem_bytes: int = 0  # the memory it declared (granted while it ran), where memory is per action
+    footprint_bytes: int = 0  # its env's idle footprint right after it (held until the next action ends)
+
+    @property
+    def ended_s(self) -> float:
+        return self.started_s + self.result.exec_s + self.result.overhead_s
 
     @property
     def started_s(self) -> float:
@@ -57,7 +57,7 @@ class RolloutOutcome:
     verdict: bool | None = None  # the hidden tests passed on the final tree
     oom_killed: int = 0
     lost: int = 0  # actions that ended other than succeeded/failed (oom_killed included)
-    reserved_mem_bytes: int = 0  # what the env held for its life (0: only per-action grants)
+    reserved_mem_bytes: int = 0  # what the env held for its life (0: per-action grants and footprints)
     reserved_millicores: int = 0  # what the pod held for its life (0: only per-action grants)
 
     @property
@@ -72,26 +72,29 @@ class RolloutOutcome:
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """What a system's rollouts share: the config, the pool's cores, one clock."""
+    """What a system's rollouts share: the config, the pool's cores, one clock, and (tangram)
+    how to read an env's idle footprint, which it holds between its actions."""
 
     system: str
     config: SweConfig
     pool_cores: int
     t0: float
+    footprint_of: Callable[[str], int] | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     @property
     def per_action_memory(self) -> bool:
-        return self.system == "tangram" and HAS_MEMORY_PER_ACTION
+        return self.system == "tangram"
 
 
 async def act(
     ctx: RolloutContext, records: list[ActionRecord], env: Env, command: str, kind: str,
     cpu: Elastic | int = 1, memory_bytes: int | None = None,
 ) -> ActionResult:  # fmt: skip
-    """One exec, recorded; ``memory_bytes`` is declared only where memory per action exists."""
+    """One exec, recorded; ``memory_bytes`` is declared only where memory is per action
+    (tangram), and then the env's footprint after it is recorded too."""
     kwargs: dict[str, Any] = {"cpu": cpu, "kind": kind, "timeout_s": ctx.config.action_timeout_s}
     declared = memory_bytes if memory_bytes is not None and ctx.per_action_memory else 0
     if declared:
@@ -99,7 +102,8 @@ async def act(
     submitted_s = ctx.now()
     call: Awaitable[ActionResult] = env.exec(command, **kwargs)
     result = await call
-    records.append(ActionRecord(kind, submitted_s, result, declared))
+    footprint = ctx.footprint_of(env.env_id) if ctx.footprint_of is not None else 0
+    records.append(ActionRecord(kind, submitted_s, result, declared, footprint))
     return result
 
 

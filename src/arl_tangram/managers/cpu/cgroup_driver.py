@@ -100,6 +100,11 @@ class CgroupDriver(Protocol):
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int: ...
 
+    # a memory limit on the root group, above every sandbox's own (a bench's budget)
+    def limit_root_memory(self, limit_bytes: int) -> bool: ...
+
+    def root_memory_limit_bytes(self) -> int | None: ...
+
 
 def format_cpus(cpus: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the cpulist format of cpuset files)."""

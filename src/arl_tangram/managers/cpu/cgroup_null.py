@@ -78,6 +78,12 @@ class NullCgroupDriver:
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
         return 0
 
+    def limit_root_memory(self, limit_bytes: int) -> bool:
+        return False  # no root group: the scheduler alone keeps to a budget
+
+    def root_memory_limit_bytes(self) -> int | None:
+        return None
+
     def sandbox_memory_bytes(self, sandbox: str) -> int:
         return 0
 

@@ -192,6 +192,18 @@ class CgroupV1Driver:
         stat = read_keyed(self._path("memory", sandbox, "memory.stat"))
         return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
 
+    def limit_root_memory(self, limit_bytes: int) -> bool:
+        """Cap the root group's memory (every sandbox under it together): ``False``, and
+        nothing written, where the hierarchy does not account children in their parent
+        (``memory.use_hierarchy`` 0), since there the cap would not bound them."""
+        if read_text(self._path("memory", "memory.use_hierarchy")).strip() != "1":
+            return False
+        write_text(self._path("memory", "memory.limit_in_bytes"), str(limit_bytes))
+        return True
+
+    def root_memory_limit_bytes(self) -> int | None:
+        return read_int(self._path("memory", "memory.limit_in_bytes"))
+
     def freeze(self, sandbox: str) -> None:
         """Stop every task of the sandbox (asynchronous in v1: state may read FREEZING a while)."""
         write_text(self._path("freezer", sandbox, "freezer.state"), "FROZEN")

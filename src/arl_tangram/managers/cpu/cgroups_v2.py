@@ -167,6 +167,15 @@ class CgroupV2Driver:
         stat = read_keyed(self._path(sandbox, "memory.stat"))
         return stat.get("anon", 0) + stat.get("shmem", 0)
 
+    def limit_root_memory(self, limit_bytes: int) -> bool:
+        """Cap the root group's memory (v2 always accounts children in their parent)."""
+        write_text(self._path("memory.max"), str(limit_bytes))
+        return True
+
+    def root_memory_limit_bytes(self) -> int | None:
+        text = read_text(self._path("memory.max")).strip()
+        return None if text == "max" else int(text)
+
     def freeze(self, sandbox: str) -> None:
         write_text(self._path(sandbox, "cgroup.freeze"), "1")
 
