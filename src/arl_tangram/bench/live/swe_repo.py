@@ -68,10 +68,10 @@ class RepoConfig:
     """The generated repositories' sizes (all reported by the bench)."""
 
     fast_tests: int = 20  # assumption: cheap unit tests per suite ("tens of tests")
-    heavy_tests: int = 6  # assumption: CPU-heavy tests per suite (~0.1-1 s each at DoP 1)
-    heavy_work: int = 8_000  # collatz lengths computed per heavy test (~0.15 s of CPU here; each test runs 1..3 times it)
-    setup_work: int = 800_000  # rounds of the set-up code generator's hash chain (~1.2 s of CPU with the sieve here)
-    sieve_limit: int = 4_000_000  # the generator's prime sieve: ~4 MB of table, ~30 MB of generation memory
+    heavy_tests: int = 5  # assumption: CPU-heavy tests per suite (~0.1-0.35 s each at DoP 1; sized so the demo fits its budget)
+    heavy_work: int = 6_000  # collatz lengths computed per heavy test (~0.11 s of CPU here; each test runs 1..3 times it)
+    setup_work: int = 500_000  # rounds of the set-up code generator's hash chain (~0.75 s of CPU; with the sieve and byte-compile ~1 s)
+    sieve_limit: int = 3_000_000  # the generator's prime sieve: ~3 MB of table, ~25 MB of generation memory
 
 
 @dataclass(frozen=True)
