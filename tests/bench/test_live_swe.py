@@ -182,3 +182,18 @@ def test_the_simulator_check_counts_an_envs_wait_before_its_setup_as_live_does()
     mean_act_s = sum(acts) / len(acts)
     assert setup_wait_s / len(acts) > 0.1 * mean_act_s, "the set-ups wait"
     assert simcheck.simulate_mean_act_s("swe", fitted, 1) == pytest.approx(mean_act_s + setup_wait_s / len(acts))
+
+
+def test_tangrams_reserved_memory_is_its_grants_while_running_plus_its_footprints_between() -> None:
+    from arl_tangram.bench.live.swe_result import system_run
+    from arl_tangram.bench.live.swe_rollout import ActionRecord, RolloutOutcome
+    from arl_tangram.runtime.actions import ActionResult
+
+    mib = 1 << 20
+    out = RolloutOutcome(make_plans(SMALL)[0], 0.0, env_ready_s=0.0, ended_s=10.0)
+    # a 1 s action granted 512 MiB at t = 1, leaving a 64 MiB footprint; a 1 s one at t = 5 leaving 128 MiB
+    out.actions = [ActionRecord("read", 1.0, ActionResult("a", "read", "succeeded", exec_s=1.0), 512 * mib, 64 * mib),
+                   ActionRecord("grep", 5.0, ActionResult("b", "grep", "succeeded", exec_s=1.0), 0, 128 * mib)]  # fmt: skip
+    gib_s = system_run("tangram", [out], 10.0, SMALL).extra["gib_s_reserved"]
+    # grant 1 s x 0.5 GiB, footprint 64 MiB from t = 2 to 6, then 128 MiB from t = 6 to 10
+    assert gib_s == pytest.approx(0.5 + 4 * 64 / 1024 + 4 * 128 / 1024)
