@@ -321,3 +321,20 @@ def test_image_aliases_map_references_and_bad_ones_are_named() -> None:
         with pytest.raises(ConfigError) as info:
             parse_config(f'[images]\nstore_path = "/s"\n{text}\n', environ={})
         assert info.value.field.startswith("images.aliases.") and "image reference" in info.value.rule
+
+
+def test_sandboxfusion_language_images_are_read_and_bad_ones_named() -> None:
+    from arl_tangram.api.compat.languages import LANGUAGES
+    from arl_tangram.runtime.config_sandboxfusion import LANGUAGE_NAMES
+
+    assert set(LANGUAGE_NAMES) == {lang.name for lang in LANGUAGES}  # the config's names are the face's
+    config = parse_config('[sandboxfusion]\nlanguage_images = { go = "127.0.0.1:5000/sf/langs:1" }\n', environ={})
+    assert dict(config.sandboxfusion.language_images) == {"go": "127.0.0.1:5000/sf/langs:1"}
+    for text, field, rule in (
+        ('language_images = { cobol = "x:1" }', "sandboxfusion.language_images.cobol", "must be one of python"),
+        ('language_images = { go = "Bad Ref" }', "sandboxfusion.language_images.go", "must be"),
+        ('images = { go = "x:1" }', "sandboxfusion.images", "is not a known key"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"[sandboxfusion]\n{text}\n", environ={})
+        assert info.value.field == field and rule in info.value.rule
