@@ -91,7 +91,6 @@ from arl_tangram.core.policies.registry import POLICIES, make_policy
 from arl_tangram.core.topology import QuotaPoolSpec
 from arl_tangram.managers.api.config import ProviderConfig
 from arl_tangram.runtime.config_e2b import E2bConfig, read_e2b
-from arl_tangram.runtime.config_sandboxfusion import SandboxFusionConfig, read_sandboxfusion
 from arl_tangram.runtime.config_images import ImagesConfig, read_images
 from arl_tangram.runtime.config_reader import (
     NAME,
@@ -101,6 +100,7 @@ from arl_tangram.runtime.config_reader import (
     parse_toml,
     parse_yaml,
 )
+from arl_tangram.runtime.config_sandboxfusion import SandboxFusionConfig, read_sandboxfusion
 from arl_tangram.runtime.config_service import (
     ServiceSettings,
     TenantConfig,
