@@ -311,3 +311,30 @@ def test_a_generate_service_takes_its_kv_cache_sizing() -> None:
     assert (service.handler, service.max_batch, service.max_context_tokens) == ("generate", 8, 1024)
     plain = parse_config('[[services]]\nname = "s"\nfolder = "/m"\nhandler = "generate"\n', environ={}).services[0]
     assert (plain.max_batch, plain.max_context_tokens) == (None, None)
+
+
+def test_image_aliases_map_references_and_bad_ones_are_named() -> None:
+    public = "docker.io/swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    config = parse_config(f'[images]\nstore_path = "/s"\naliases = {{"{public}" = "127.0.0.1:5000/swe/calc:v1"}}\n', environ={})
+    assert config.images is not None and dict(config.images.aliases) == {public: "127.0.0.1:5000/swe/calc:v1"}
+    for text in (f'aliases = {{"{public}" = "Bad Ref"}}', 'aliases = {"Bad Key" = "x:1"}', f'aliases = {{"{public}" = 3}}'):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f'[images]\nstore_path = "/s"\n{text}\n', environ={})
+        assert info.value.field.startswith("images.aliases.") and "image reference" in info.value.rule
+
+
+def test_sandboxfusion_language_images_are_read_and_bad_ones_named() -> None:
+    from arl_tangram.api.compat.languages import LANGUAGES
+    from arl_tangram.runtime.config_sandboxfusion import LANGUAGE_NAMES
+
+    assert set(LANGUAGE_NAMES) == {lang.name for lang in LANGUAGES}  # the config's names are the face's
+    config = parse_config('[sandboxfusion]\nlanguage_images = { go = "127.0.0.1:5000/sf/langs:1" }\n', environ={})
+    assert dict(config.sandboxfusion.language_images) == {"go": "127.0.0.1:5000/sf/langs:1"}
+    for text, field, rule in (
+        ('language_images = { cobol = "x:1" }', "sandboxfusion.language_images.cobol", "must be one of python"),
+        ('language_images = { go = "Bad Ref" }', "sandboxfusion.language_images.go", "must be"),
+        ('images = { go = "x:1" }', "sandboxfusion.images", "is not a known key"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"[sandboxfusion]\n{text}\n", environ={})
+        assert info.value.field == field and rule in info.value.rule

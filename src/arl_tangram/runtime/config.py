@@ -64,6 +64,9 @@ embedded defaults: policy ``elastic``, GPU devices ``auto``, no providers, no se
     [e2b]                             # the E2B-compatible face (runtime/config_e2b.py); omit: its defaults
     templates = { base = "host", python = "127.0.0.1:5000/library/python:3.12" }
 
+    [sandboxfusion]                   # the SandboxFusion face (runtime/config_sandboxfusion.py)
+    language_images = { go = "sf-langs:1", rust = "sf-langs:1" }   # language -> image its runs use
+
     [tenants.team-a]
     token_env = "TEAM_A_TOKEN"        # or token = "..."; unique across tenants; omit: reachable without a token only
     weight = 2.0                      # its weighted fair share of a contended pool (> 0)
@@ -97,6 +100,7 @@ from arl_tangram.runtime.config_reader import (
     parse_toml,
     parse_yaml,
 )
+from arl_tangram.runtime.config_sandboxfusion import SandboxFusionConfig, read_sandboxfusion
 from arl_tangram.runtime.config_service import (
     ServiceSettings,
     TenantConfig,
@@ -176,6 +180,7 @@ class TangramConfig:
     tenants: Mapping[str, TenantConfig] = field(default_factory=lambda: MappingProxyType({}))
     images: ImagesConfig | None = None  # None: no image store, only the host root runs
     e2b: E2bConfig = field(default_factory=E2bConfig)  # the E2B-compatible face (runtime/config_e2b.py)
+    sandboxfusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)  # per-language images
     source: str | None = None  # the file it came from; None: embedded defaults
 
 
@@ -209,6 +214,7 @@ def parse_config(
         tenants=read_tenants(root.table("tenants"), os.environ if environ is None else environ),
         images=read_images(root.table("images")),
         e2b=read_e2b(root.table("e2b")),
+        sandboxfusion=read_sandboxfusion(root.table("sandboxfusion")),
         source=source,
     )
     root.done()

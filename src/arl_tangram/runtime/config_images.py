@@ -12,6 +12,8 @@ Example::
     max_snapshot_depth = 16           # snapshot layers stacked before the next snapshot is squashed
     max_fork_count = 64               # children one fork may make (more: 422 naming count)
     snapshot_ttl_s = 3600             # a snapshot nothing uses or pins is deleted after this
+    aliases = {"docker.io/swebench/sweb.eval.x86_64.django_1776_django-11099:latest" = "127.0.0.1:5000/swe/django-11099:v1"}
+                                      # reference a client names -> the reference (or id) used instead
 
     [[images.registries]]
     host = "127.0.0.1:5000"
@@ -26,6 +28,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from arl_tangram.core.env_spec import check_image_reference
@@ -55,6 +58,16 @@ class ImagesConfig:
     max_snapshot_depth: int = 16
     max_fork_count: int = 64
     snapshot_ttl_s: float = 3600.0
+    #: reference a client names -> the one used instead (see ``image_alias``)
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def image_alias(aliases: Mapping[str, str], image: str) -> str:
+    """The image an env runs when a client names ``image``: its alias, else itself. One step,
+    never chained, so an alias map cannot loop. Why: stock configs (mini-swe-agent's
+    ``swebench.yaml``, E2B templates) name public registry images a node without internet
+    cannot pull; the operator maps each to an image the store holds."""
+    return aliases.get(image, image)
 
 
 def read_images(t: Table) -> ImagesConfig | None:
@@ -69,6 +82,7 @@ def read_images(t: Table) -> ImagesConfig | None:
     if not isinstance(allow, bool):
         raise ConfigError(t.path("allow_import_paths"), "must be a boolean", allow)
     config = ImagesConfig(
+        aliases=_aliases(t.table("aliases")),
         store_path=t.string("store_path", None, "must name the store's directory"),
         max_store_bytes=t.size("max_store_bytes", ImagesConfig.max_store_bytes, minimum=1 << 20),
         max_layer_bytes=t.size("max_layer_bytes", ImagesConfig.max_layer_bytes, minimum=1 << 20),
@@ -80,6 +94,19 @@ def read_images(t: Table) -> ImagesConfig | None:
     )  # fmt: skip
     t.done()
     return config
+
+
+def _aliases(t: Table) -> Mapping[str, str]:
+    found = {}
+    for name in sorted(t.data):
+        key = str(name)
+        try:
+            check_image_reference(key, t.path(key))
+            found[key] = check_image_reference(t.string(key, None, "must be an image reference"), t.path(key))
+        except SpecError as exc:
+            raise ConfigError(t.path(key), "must map an image reference to an image reference or id", exc.value) from None
+    t.done()
+    return MappingProxyType(found)
 
 
 def _registry(t: Table) -> RegistryConfig:

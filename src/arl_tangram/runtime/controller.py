@@ -18,6 +18,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.action import ActionSpec, EnvSpec, ServiceSpec
@@ -48,6 +49,7 @@ from arl_tangram.runtime.actions import (
 )
 from arl_tangram.runtime.codec import payload_to_dict, result_to_dict, spec_to_dict
 from arl_tangram.runtime.config import ConfigError, ServiceSettings, TenantConfig
+from arl_tangram.runtime.config_images import image_alias
 from arl_tangram.runtime.dispatcher import LiveExecutor
 from arl_tangram.runtime.housekeeping import Housekeeper
 from arl_tangram.runtime.images import layers_of_node, resolve_env_image
@@ -101,6 +103,8 @@ class Controller:
         self.housekeeper = Housekeeper(self)
         #: called with each env the service released because its lease ran out
         self.on_env_expired: list[Callable[[ExpiredEnv], None]] = []
+        #: ``[images] aliases``: a reference a client names -> the one its env runs (``image_alias``)
+        self.image_aliases: Mapping[str, str] = {}
         self._unresumed: list[ActionRecord] = []
         self.log: list[Round] = []
         self.loop = ControllerLoop(
@@ -337,6 +341,8 @@ class Controller:
         self._check_open()
         if spec.snapshot and not spec.fork_of:  # on the snapshot's node, where its layers are
             spec = self.snapshots.spec_from(spec.snapshot, spec.tenant, spec)
+        if spec.image in self.image_aliases:  # every face and the SDK come through here
+            spec = replace(spec, image=image_alias(self.image_aliases, spec.image))
         spec = await resolve_env_image(self.node_agents, spec)
         if spec.env_id in self.loop.state.envs or spec.env_id in self.env_specs:
             raise SpecError("env_id", "must be unique among live envs", spec.env_id)
@@ -357,6 +363,7 @@ class Controller:
         """Pull ``image`` onto ``node_ids`` (the core's CPU node ids; every node when empty)
         ahead of the envs that will need it: one pull per node lacking its layers."""
         self._check_open()
+        image = image_alias(self.image_aliases, check_image_reference(image))
         self.post(PrefetchRequested(check_image_reference(image), tuple(node_ids)))
 
     def release_env(self, env_id: str) -> None:

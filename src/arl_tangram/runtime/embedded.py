@@ -75,6 +75,8 @@ class EmbeddedRuntime:
             settings=config.service, tenants=config.tenants,
         )  # fmt: skip
         controller.snapshots.settings = snapshot_settings(config.images)
+        if config.images is not None:
+            controller.image_aliases = config.images.aliases
         runtime = cls(config, agent, controller)
         try:
             await controller.start()

@@ -102,3 +102,18 @@ def test_cannot_see_or_kill_host_processes(manager: CpuManager, any_sandbox: str
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_the_host_root_names_only_the_sandbox_user(manager: CpuManager, any_sandbox: str, spec: SpecMaker) -> None:
+    """On the host root, a generated passwd/group pair (read-only) hides the host's accounts;
+    an image root keeps the image's own."""
+    r = manager.exec(any_sandbox, "whoami; id -gn; cat /etc/passwd; echo x >> /etc/passwd || echo refused")
+    host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line}
+    seen = {line.split(":")[0] for line in r.stdout.decode().splitlines()[2:] if ":" in line}
+    if spec.image is None:
+        assert r.stdout.endswith(b"refused\n")  # read-only: the sandbox cannot add accounts
+        assert r.stdout.startswith(b"sandbox\nsandbox\n")
+        assert seen == {"root", "sandbox", "nobody"}
+    else:
+        image_users = {line.split(":")[0] for line in (spec.image / "etc/passwd").read_text().splitlines() if line}
+        assert seen == image_users and seen != host_users

@@ -75,7 +75,7 @@ async def run_env_action(
 
 @dataclass
 class _Bucket:
-    """The envs of one (tenant, mem_bytes): ``idle`` ready to borrow, ``live`` counting all
+    """The envs of one (tenant, mem_bytes, image): ``idle`` ready to borrow, ``live`` counting all
     (idle, borrowed, resetting, being created); ``changed`` wakes borrowers waiting."""
 
     changed: asyncio.Condition
@@ -99,7 +99,7 @@ class CodeEnvPool:
         self.max_envs = max_envs
         self.max_idle = max_idle
         self.acquire_timeout_s = acquire_timeout_s
-        self.buckets: dict[tuple[str, int], _Bucket] = {}
+        self.buckets: dict[tuple[str, int, str], _Bucket] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.creating: dict[str, int] = {}  # env id -> memory, from the decision until the controller holds it
         self.starved: set[str] = set()  # creations that started without the memory for them
@@ -107,19 +107,20 @@ class CodeEnvPool:
         # a stop wakes borrowers waiting for a full bucket: they end now, not at their timeout
         state.stopping.add_done_callback(lambda _f: self._spawn(self._wake_all()))
 
-    def _bucket(self, tenant: str, mem_bytes: int) -> _Bucket:
-        key = (tenant, mem_bytes)
+    def _bucket(self, tenant: str, mem_bytes: int, image: str = "host") -> _Bucket:
+        key = (tenant, mem_bytes, image)
         if key not in self.buckets:
             self.buckets[key] = _Bucket(asyncio.Condition())
         return self.buckets[key]
 
-    async def acquire(self, tenant: str, mem_bytes: int, timeout_s: float | None = None) -> str:
-        """An env (internal id) for the caller alone until ``release``. Raises ``Overloaded``
+    async def acquire(self, tenant: str, mem_bytes: int, timeout_s: float | None = None, *, image: str = "host") -> str:
+        """An env (internal id) on ``image`` (the host root by default: a SandboxFusion
+        language may name its own image) for the caller alone until ``release``. Raises ``Overloaded``
         when none frees within ``acquire_timeout_s`` (or ``timeout_s``, when shorter: the
         caller's deadline); ``EnvFailedError`` if a new one fails."""
         if self.closed:
             raise Overloaded("the service is shutting down", 5.0)
-        bucket = self._bucket(tenant, mem_bytes)
+        bucket = self._bucket(tenant, mem_bytes, image)
         wait_s = self.acquire_timeout_s if timeout_s is None else min(self.acquire_timeout_s, max(0.0, timeout_s))
         deadline = time.monotonic() + wait_s
         async with bucket.changed:
@@ -149,7 +150,7 @@ class CodeEnvPool:
         if starved:
             self.starved.add(env_id)  # until it is placed, envs coming back are released, not kept
         try:
-            return await self._create(env_id, tenant, mem_bytes)
+            return await self._create(env_id, tenant, mem_bytes, image)
         except BaseException:
             await self._gone(bucket)
             raise
@@ -174,8 +175,8 @@ class CodeEnvPool:
                 self._drop(env_id)
         return free >= mem_bytes
 
-    async def _create(self, env_id: str, tenant: str, mem_bytes: int) -> str:
-        spec = EnvSpec(env_id, mem_bytes, tenant, "", workspace_bytes=max(512 << 20, mem_bytes // 2))
+    async def _create(self, env_id: str, tenant: str, mem_bytes: int, image: str) -> str:
+        spec = EnvSpec(env_id, mem_bytes, tenant, "", image=image, workspace_bytes=max(512 << 20, mem_bytes // 2))
         # Its own task: a caller that goes away does not abandon a half-created env.
         task = self.state.spawn(self.state.controller.create_env(spec))
         wait_s = min(self.state.create_timeout_s, self.acquire_timeout_s)
@@ -191,10 +192,11 @@ class CodeEnvPool:
             bucket.live -= 1
             bucket.changed.notify()
 
-    def release(self, tenant: str, mem_bytes: int, env_id: str, *, reusable: bool = True) -> None:
-        """Give the env back: reset in the background, then idle (or released when the pool
-        is full, closing, or the env is not ``reusable``). Never raises."""
-        bucket = self._bucket(tenant, mem_bytes)
+    def release(self, tenant: str, mem_bytes: int, env_id: str, *, reusable: bool = True, image: str = "host") -> None:
+        """Give the env back (``image``: the one it was acquired on): reset in the background,
+        then idle (or released when the pool is full, closing, or the env is not ``reusable``).
+        Never raises."""
+        bucket = self._bucket(tenant, mem_bytes, image)
         if not reusable or self.closed or len(bucket.idle) >= self.max_idle:
             self._drop(env_id)
             self._spawn(self._gone(bucket))

@@ -57,6 +57,7 @@ MAX_TIMEOUT_S = 3600.0
 VERL_CLIENT_MARGIN_S = 10.0  # verl 0.9.1's API_TIMEOUT: its read timeout is compile + run + this
 DEADLINE_SLACK_S = 3.0  # our answer (a 504 included) must reach the client before it gives up
 MAX_FILES = 1000
+WORKSPACE = "/workspace"
 router = APIRouter(tags=["sandboxfusion"], route_class=JsonBodyRoute)  # its contract is SandboxFusion's; documented in /openapi.json under its tag
 
 
@@ -141,8 +142,8 @@ def mem_bytes_of(compat: CompatState, memory_limit_mb: int) -> int:
     return mem_bytes
 
 
-def _step(argv: tuple[str, ...], stdin: str | None, timeout_s: float) -> ExecPayload:
-    return ExecPayload(argv, stdin.encode() if stdin is not None else None, (), None, timeout_s)
+def _step(argv: tuple[str, ...], stdin: str | None, timeout_s: float, cwd: str | None = None) -> ExecPayload:
+    return ExecPayload(argv, stdin.encode() if stdin is not None else None, (), cwd, timeout_s)
 
 
 async def _write(compat: CompatState, env_id: str, files: dict[str, bytes]) -> None:
@@ -151,13 +152,14 @@ async def _write(compat: CompatState, env_id: str, files: dict[str, bytes]) -> N
         await asyncio.to_thread(cpu.write_file, env_id, path, data)
 
 
-async def fetch(compat: CompatState, env_id: str, paths: list[str]) -> dict[str, str]:
-    """The ``fetch_files`` that exist, base64; a missing or unreadable one is left out."""
+async def fetch(compat: CompatState, env_id: str, paths: list[str], cwd: str | None = None) -> dict[str, str]:
+    """The ``fetch_files`` that exist, base64, by the path the request gave (a relative one
+    under ``cwd`` when set); a missing or unreadable one is left out."""
     cpu = env_cpu(compat.api, env_id)
     out: dict[str, str] = {}
     for path in paths:
         try:
-            out[path] = base64.b64encode(await asyncio.to_thread(cpu.read_file, env_id, path)).decode()
+            out[path] = base64.b64encode(await asyncio.to_thread(cpu.read_file, env_id, _in_workspace(path, cwd))).decode()
         except Exception:  # noqa: BLE001 - SandboxFusion omits files it cannot fetch
             continue
     return out
@@ -166,33 +168,42 @@ async def fetch(compat: CompatState, env_id: str, paths: list[str]) -> dict[str,
 async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> dict[str, Any]:
     """One stateless code run (see the module docstring); raises ``Overloaded`` (-> 504),
     ``SpecError``/``UnknownLanguage`` (-> 422)."""
-    lang = resolve(body.language)
+    place = resolve(body.language, compat.api.runtime.config.sandboxfusion.language_images)
+    lang, image = place.language, place.image
     files = decode_files(body.files)
     mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
     end = deadline_end(body, time.monotonic())
     try:
-        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout)
+        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image)
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
     reusable = False
+    # an image's WorkingDir may be anywhere; runs there use the workspace the pool resets
+    cwd = None if image == "host" else WORKSPACE
     try:
-        await _write(compat, env_id, {**files, lang.source: body.code.encode()})
+        await _write(compat, env_id, {_in_workspace(p, cwd): data for p, data in {**files, lang.source: body.code.encode()}.items()})
         compiled = run = None
         if lang.compile is not None:
-            r = await _run_step(compat, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout), end - body.run_timeout)
+            r = await _run_step(compat, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout, cwd), end - body.run_timeout)
             compiled = command_result(r)
         if compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0):
-            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout), end)
+            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout, cwd), end)
             run = command_result(r)
         status, message = overall_status(compiled, run)
-        fetched = await fetch(compat, env_id, body.fetch_files) if body.fetch_files else {}
+        fetched = await fetch(compat, env_id, body.fetch_files, cwd) if body.fetch_files else {}
         reusable = status != "SandboxError"
         return {
             "status": status, "message": message, "compile_result": compiled, "run_result": run,
             "executor_pod_name": r.node_id, "files": fetched,
         }  # fmt: skip
     finally:
-        compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable)
+        compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable, image=image)
+
+
+def _in_workspace(path: str, cwd: str | None) -> str:
+    """A request's relative path, absolute under ``cwd`` on an image env (as it is relative
+    to the workspace on the host root)."""
+    return path if cwd is None or path.startswith("/") else f"{cwd}/{path}"
 
 
 def deadline_end(body: RunCodeRequest, arrived: float) -> float:

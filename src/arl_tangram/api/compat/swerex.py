@@ -20,6 +20,9 @@ first answer again. ``close`` ends the runtime as SWE-ReX's server does: its ses
 close and the env is released (a deployment's later release is a no-op). An env that does
 not exist (never made, released, expired) is SWE-ReX's ``SwerexException`` (511), which the
 client re-raises, not a bare 404. Interactive commands (``expect``) are not supported (a clear error).
+On a host-root env ``whoami`` is ``sandbox`` (the CPU manager binds a generated passwd/group
+pair over the host's); ``pip install`` there meets the host's externally-managed Python on a
+read-only root, by design: an agent that installs packages needs an image env.
 """
 
 from __future__ import annotations

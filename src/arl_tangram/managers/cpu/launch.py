@@ -64,9 +64,11 @@ class SandboxLayout:
         return self.root.working_dir if self.root is not None else self.workspace
 
 
-def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str]) -> list[str]:
+def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str], data_binds: Sequence[tuple[int, str]] = ()) -> list[str]:
     """setpriv + bubblewrap argv for a sandbox init; bwrap then runs as the unprivileged host
-    user, so the sandbox's uid maps to that user, never to host root."""
+    user, so the sandbox's uid maps to that user, never to host root. Each ``(fd, path)`` of
+    ``data_binds`` is a readable fd whose contents bwrap binds read-only at ``path``, over the
+    ro-binds (the generated ``/etc/passwd``: see ``identity``)."""
     argv = [
         "setpriv", f"--reuid={layout.host_uid}", f"--regid={layout.host_gid}", "--clear-groups",
         "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -77,6 +79,8 @@ def bwrap_argv(layout: SandboxLayout, info_fd: int, init_argv: Sequence[str]) ->
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
+    for fd, path in data_binds:
+        argv += ["--perms", "0644", "--ro-bind-data", str(fd), path]
     argv += [
         # /dev is read-only but for a bounded /dev/shm: a tmpfs /dev was an unbounded sink
         "--proc", "/proc", "--dev", "/dev", "--size", str(layout.dev_bytes), "--tmpfs", "/dev/shm",

@@ -11,6 +11,7 @@ import subprocess
 import time
 
 from arl_tangram.managers.cpu.errors import CpuManagerError
+from arl_tangram.managers.cpu.identity import identity_files
 from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
 from arl_tangram.managers.cpu.rootfs import helper_argv, image_bwrap_argv
 from arl_tangram.managers.cpu.rootfs_native import helper_path
@@ -27,10 +28,11 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
     r, w = os.pipe2(os.O_CLOEXEC)
     w_ready = os.dup(w)  # a second writer bwrap does not know of (it closes its info fd)
     proc: subprocess.Popen[bytes] | None = None
+    data_fds = _identity_fds(layout)
     try:
-        argv = _init_argv(sandbox_id, layout, join_files, w, w_ready)
+        argv = _init_argv(sandbox_id, layout, join_files, w, w_ready, data_fds)
         proc = subprocess.Popen(
-            argv, pass_fds=(w, w_ready) if layout.root is not None else (w,), stdin=subprocess.DEVNULL,
+            argv, pass_fds=(w, w_ready) if layout.root is not None else (w, *(fd for fd, _ in data_fds)), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=HOST_ENV,
         )  # fmt: skip
         os.close(w)
@@ -48,6 +50,8 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
         raise
     finally:
         os.close(r)
+        for fd, _ in data_fds:
+            os.close(fd)
         for fd in (w, w_ready):
             if fd >= 0:
                 os.close(fd)
@@ -55,9 +59,33 @@ def spawn_init(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ..
             proc.stderr.close()  # only start errors matter; never block the init
 
 
-def _init_argv(sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...], info_fd: int, ready_fd: int) -> list[str]:
+def _identity_fds(layout: SandboxLayout) -> list[tuple[int, str]]:
+    """For the host root: a read end per generated identity file, already holding its whole
+    contents (a few hundred bytes, far below a pipe's buffer, so the write never blocks)."""
+    if layout.root is not None:
+        return []
+    fds: list[tuple[int, str]] = []
+    try:
+        for path, data in identity_files(layout).items():
+            r, w = os.pipe2(os.O_CLOEXEC)
+            fds.append((r, path))
+            try:
+                os.write(w, data)
+            finally:
+                os.close(w)
+    except BaseException:
+        for fd, _ in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def _init_argv(
+    sandbox_id: str, layout: SandboxLayout, join_files: tuple[str, ...], info_fd: int, ready_fd: int,
+    data_fds: list[tuple[int, str]],
+) -> list[str]:  # fmt: skip
     if layout.root is None:
-        return join_then_exec(join_files, bwrap_argv(layout, info_fd, INIT_ARGV))
+        return join_then_exec(join_files, bwrap_argv(layout, info_fd, INIT_ARGV, data_fds))
     helper = helper_path()
     if helper is None:
         raise CpuManagerError(f"sandbox {sandbox_id}: an image root needs the native rootfs helper, and no C compiler could build it")

@@ -1,0 +1,50 @@
+"""Shell: the ``[sandboxfusion]`` table: which image runs each language the host lacks.
+
+Example::
+
+    [sandboxfusion]
+    language_images = { go = "sf-langs:1", rust = "sf-langs:1", typescript = "sf-langs:1", php = "sf-langs:1" }
+
+A language named here runs in a sandbox on that image (its compile and run commands are the
+face's language table's, ``api/compat/languages``), whatever the host has; any other
+language runs on the host root when the host has its toolchain. ``scripts/build_lang_image.sh``
+builds one image with go, rust, php and nodejs + typescript (it downloads: run it by hand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from arl_tangram.core.env_spec import check_image_reference
+from arl_tangram.core.errors import SpecError
+from arl_tangram.runtime.config_reader import ConfigError, Table
+
+#: the names a ``language_images`` key may take (the face's language table; ``languages``
+#: checks the two agree)
+LANGUAGE_NAMES = ("python", "bash", "c", "cpp", "nodejs", "typescript", "java", "go", "rust", "php", "perl", "ruby", "lua")
+
+
+@dataclass(frozen=True)
+class SandboxFusionConfig:
+    #: language -> the image reference (or id) its runs use
+    language_images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def read_sandboxfusion(t: Table) -> SandboxFusionConfig:
+    """The ``[sandboxfusion]`` table; its defaults (host toolchains only) when absent."""
+    images = t.table("language_images")
+    found = {}
+    for name in sorted(images.data, key=str):
+        key = str(name)
+        if key not in LANGUAGE_NAMES:
+            raise ConfigError(images.path(key), f"must be one of {', '.join(LANGUAGE_NAMES)}", key)
+        value = images.string(key, None, "must be an image reference")
+        try:
+            found[key] = check_image_reference(value, images.path(key))
+        except SpecError as exc:
+            raise ConfigError(exc.field, exc.rule, exc.value) from None
+    images.done()
+    t.done()
+    return SandboxFusionConfig(MappingProxyType(found))
