@@ -30,6 +30,21 @@ def url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture
+def reserving_url() -> Iterator[str]:
+    """A server whose envs hold their memory limit for their life (``memory_per_action =
+    false``, as pods do): there a pool is full by reservation. Under memory per action an
+    idle env holds only its footprint, so one big env no longer fills a pool."""
+    from arl_tangram.runtime.config import SchedulerConfig, TangramConfig
+    from tests.managers.cpu.conftest import IN_CI, host_can_sandbox
+
+    if not host_can_sandbox() and not IN_CI:
+        pytest.skip("needs root and bubblewrap")
+    config = TangramConfig(scheduler=SchedulerConfig(params={"memory_per_action": False}))
+    with serving(config, create_timeout_s=1.0) as server:
+        yield server.url
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
@@ -50,7 +65,8 @@ def test_ids_after_options_and_exit_codes(url: str, capsys: pytest.CaptureFixtur
     assert httpx.get(f"{url}/v1/envs").json()["envs"] == []
 
 
-def test_env_create_on_a_full_pool_says_what_it_waits_for(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_env_create_on_a_full_pool_says_what_it_waits_for(reserving_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = reserving_url
     (pool,) = [p for p in httpx.get(f"{url}/v1/status").json()["pools"] if p["resource"] == "mem_bytes"]
     free = pool["capacity"] - pool["reserved"]
     hog = httpx.post(f"{url}/v1/envs", json={"memory": free - (32 << 20)}, timeout=60).json()["env_id"]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from arl_tangram.api.server import ServerThread
+from tests.compat.conftest import needs_sandbox_host, serve_compat
 from tests.integrations.conftest import TOKEN
 from tests.integrations.test_verl_adapters import call_tool, live_envs
 
@@ -68,7 +69,19 @@ async def test_the_readme_yaml_as_printed(tangram: ServerThread, tmp_path: Path)
     assert live_envs(tangram) == 0
 
 
-async def test_default_language_cpp_and_a_blocked_call_answers_at_once(tangram: ServerThread) -> None:
+@pytest.fixture
+def reserving_tangram() -> Iterator[ServerThread]:
+    """Envs hold their limit for their life (``memory_per_action = false``, as pods do), so
+    one big env fills the pool (under memory per action an idle env holds its footprint)."""
+    from arl_tangram.runtime.config import SchedulerConfig, TangramConfig
+
+    needs_sandbox_host()
+    with serve_compat(TangramConfig(scheduler=SchedulerConfig(params={"memory_per_action": False})), tokens={TOKEN: "rl"}) as s:
+        yield s
+
+
+async def test_default_language_cpp_and_a_blocked_call_answers_at_once(reserving_tangram: ServerThread) -> None:
+    tangram = reserving_tangram
     import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401 - imported before the clock starts
 
     from arl_tangram.integrations.verl import TangramCodeTool
