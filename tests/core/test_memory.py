@@ -162,16 +162,14 @@ RESERVE = 64 * MIB
 LIMITS = (256 * MIB, 512 * MIB, 1 * GIB)
 DEMANDS = (None, 32 * MIB, 200 * MIB)
 
-ops_st = st.lists(
-    st.one_of(
+op_st = st.one_of(
         st.tuples(st.just("env"), st.sampled_from(LIMITS)),
         st.tuples(st.just("act"), st.integers(0, 7), st.sampled_from(DEMANDS)),
         st.tuples(st.just("pause"), st.integers(0, 7), st.integers(0, 600)),
         st.tuples(st.just("finish"), st.integers(0, 7), st.integers(0, 300)),
         st.tuples(st.just("footprint"), st.integers(0, 7), st.integers(0, 200)),
-    ),
-    max_size=40,
 )
+ops_st = st.lists(op_st, max_size=40)
 
 
 def _pick(items: list[str], k: int) -> str | None:
