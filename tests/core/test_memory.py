@@ -97,7 +97,7 @@ def test_a_paused_action_grows_when_the_node_has_the_memory() -> None:
 
 
 def test_a_paused_action_waits_until_memory_is_freed_then_grows() -> None:
-    d = _driver(mem_bytes=1 * GIB)
+    d = _driver(mem_bytes=1 * GIB, mem_reserve_bytes=0)  # packs the node exactly: no headroom
     d.add_ready_env(make_env("e0", mem_bytes=1 * GIB))
     d.add_ready_env(make_env("e1", mem_bytes=1 * GIB))
     d.step([ActionSubmitted(_mem_action("a", "e0", 200 * MIB)), ActionSubmitted(_mem_action("b", "e1", 740 * MIB))])
@@ -127,7 +127,7 @@ def test_past_the_env_limit_it_ends_oom_killed_and_the_env_runs_again() -> None:
 
 
 def test_a_memory_deadlock_ends_the_youngest_paused_action() -> None:
-    d = _driver(mem_bytes=1 * GIB)
+    d = _driver(mem_bytes=1 * GIB, mem_reserve_bytes=0)  # packs the node exactly: no headroom
     for i in range(3):
         d.add_ready_env(make_env(f"e{i}", mem_bytes=1 * GIB))
     d.step([ActionSubmitted(_mem_action(f"a{i}", f"e{i}", 310 * MIB)) for i in range(3)])

@@ -78,6 +78,9 @@ class NullCgroupDriver:
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
         return 0
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return ()
+
     def sandbox_memory_bytes(self, sandbox: str) -> int:
         return 0
 

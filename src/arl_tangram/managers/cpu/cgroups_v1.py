@@ -192,6 +192,9 @@ class CgroupV1Driver:
         stat = read_keyed(self._path("memory", sandbox, "memory.stat"))
         return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return (self._dirs["memory"], self._parents["memory"])
+
     def freeze(self, sandbox: str) -> None:
         """Stop every task of the sandbox (asynchronous in v1: state may read FREEZING a while)."""
         write_text(self._path("freezer", sandbox, "freezer.state"), "FROZEN")

@@ -167,6 +167,9 @@ class CgroupV2Driver:
         stat = read_keyed(self._path(sandbox, "memory.stat"))
         return stat.get("anon", 0) + stat.get("shmem", 0)
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return (self._root, os.path.dirname(self._root))
+
     def freeze(self, sandbox: str) -> None:
         write_text(self._path(sandbox, "cgroup.freeze"), "1")
 
