@@ -18,10 +18,12 @@ import pytest
 
 from arl_tangram.bench.memory_budget import Budget
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
+from arl_tangram.core.errors import SpecError
+from arl_tangram.core.policies.elastic import DEFAULT_MEM_RESERVE_BYTES
 from arl_tangram.core.resources import ResourceVector
 from arl_tangram.managers.cpu.config import CpuManagerConfig, SandboxSpec
 from arl_tangram.runtime.actions import ExecPayload, read_result
-from arl_tangram.runtime.config import SchedulerConfig, TangramConfig
+from arl_tangram.runtime.config import SchedulerConfig, TangramConfig, parse_config
 from arl_tangram.runtime.embedded import EmbeddedRuntime
 
 pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
@@ -71,3 +73,18 @@ async def test_under_pressure_envs_and_grants_wait_until_the_node_recovers() -> 
     finally:
         budget.remove()
 
+
+
+async def test_scheduler_params_memory_pause_and_reserve_reach_the_runtime() -> None:
+    config = parse_config("[scheduler]\npolicy = 'elastic'\n[scheduler.params]\nmemory_pause = false\n")
+    policy = config.scheduler.make_policy()
+    assert policy.memory_pause is False and policy.mem_reserve_bytes == DEFAULT_MEM_RESERVE_BYTES  # type: ignore[attr-defined]
+    rt = await EmbeddedRuntime.start(config, cpu_config=CpuManagerConfig(default_spec=SandboxSpec(64 * MIB, 64, 4 * MIB, 4 * MIB)))
+    try:
+        assert rt.controller.executor is not None and rt.controller.executor.memory_pause is False
+    finally:
+        await rt.aclose()
+    with pytest.raises(SpecError, match="mem_reserve_bytes"):
+        parse_config("[scheduler.params]\nmem_reserve_bytes = -1\n")
+    with pytest.raises(SpecError, match="memory_pause"):
+        parse_config("[scheduler.params]\nmemory_pause = 'yes'\n")
