@@ -242,3 +242,14 @@ def test_concurrent_runs_with_no_known_demand_share_their_env_limit() -> None:
     starts = {s.action_id: s for s in of_type(r.decisions, StartAction)}
     assert set(starts) == {"a", "b"}
     assert starts["a"].grant.mem_bytes + starts["b"].grant.mem_bytes == 512 * MIB - FOOTPRINT_PRIOR_BYTES
+
+
+def test_paused_siblings_never_grow_past_their_env_limit_together() -> None:
+    # found by the ledger property: two paused actions of one env, each capped alone by what
+    # the other holds, both grew in one round (footprint + grants over the env's limit)
+    d = _driver(mem_bytes=4 * GIB, mem_reserve_bytes=0)
+    d.add_ready_env(make_env("e0", mem_bytes=512 * MIB))
+    d.step([ActionSubmitted(_mem_action(a, "e0", 200 * MIB)) for a in ("a", "b")])
+    r = d.step([ActionMemoryPaused(a, 500 * MIB) for a in ("a", "b")], now=1.0)  # the Driver validates the ledger
+    assert [g.action_id for g in of_type(r.decisions, GrowMemory)] == ["a"]  # the older one grows
+    assert [k.action_id for k in of_type(r.decisions, OomKill)] == ["b"]

@@ -214,8 +214,12 @@ def _limit_of(ed: StateEditor, run: Running) -> int:
 def _serve_node(ed: StateEditor, node_id: str, paused: list[Running], cause: str, reserve_bytes: int) -> list[Decision]:
     decisions: list[Decision] = []
     for run in paused:
+        _recap_wait(ed, run)  # a sibling on its env may have grown earlier in this loop
         want = ed.mem_waits[run.spec.action_id]
         delta = want - run.grant.mem_bytes
+        if delta <= 0:  # siblings on its env grew first and hold the rest of its limit
+            decisions.append(_kill(ed, run, f"oom: past its env's memory limit ({_limit_of(ed, run)} bytes)", cause))
+            continue
         free = ed.cpu[node_id]
         if free.free_mem_bytes - reserve_bytes - mem_pressure.shortfall_bytes(ed, node_id) < delta:
             if free.free_mem_bytes - reserve_bytes >= delta:
