@@ -126,6 +126,20 @@ async def _system(name: str, w: Workload, budget: Budget) -> dict[str, Any]:
         "mean_act_s": statistics.fmean(r.act_s for r in run.results) if run.results else None,
         "oom_killed_actions": sum(r.outcome == "oom_killed" for r in run.results),
         "paused_actions": len(paused), "pause_s_mean": statistics.fmean(paused) if paused else 0.0,
+        "act_split_s": _split(run.results),
+    }  # fmt: skip
+
+
+def _split(results: list[ActionResult]) -> dict[str, float | None]:
+    """Where the actions' time went (means, s): queued (for memory, cores or a pause),
+    start-up overhead, execution, and the CPU time the execution used (exec - cpu: waiting
+    for a core on a contended host, or sleeping)."""
+    def mean(values: list[float]) -> float | None:
+        return statistics.fmean(values) if values else None
+
+    return {
+        "queue": mean([r.queue_s for r in results]), "overhead": mean([r.overhead_s for r in results]),
+        "exec": mean([r.exec_s for r in results]), "cpu": mean([r.cpu_s for r in results]),
     }  # fmt: skip
 
 

@@ -204,10 +204,24 @@ class ActionMemoryPaused:
     stimulus_id: str = ""
 
 
+@dataclass(frozen=True)
+class NodeMemoryPressure:
+    """The node measured its memory: ``free_bytes`` really available to its sandboxes (its
+    budget less their usage, reclaimable page cache counted free) and, where the kernel has
+    PSI, ``some_avg10`` (percent of the last 10 s some task stalled on memory; None: no PSI).
+    Sent periodically; the core admits no more than it says is free (``core.mem_pressure``)."""
+
+    node_id: str
+    free_bytes: int
+    some_avg10: float | None = None
+    stimulus_id: str = ""
+
+
 Event = (
     ActionSubmitted | ActionFinished | ActionCancelled | EnvRequested | EnvReady | EnvFailed
     | EnvReleased | ServiceReady | ReplicaFailed | ServiceRegistered | NodeJoined | NodeLost
     | NodeLayersChanged | ImagePulled | ImagePullFailed | PrefetchRequested | EnvFootprint | ActionMemoryPaused
+    | NodeMemoryPressure
 )  # fmt: skip
 
 

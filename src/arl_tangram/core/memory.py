@@ -17,13 +17,16 @@ The model (issue 21):
     when the node has the memory, else waits. Past its env's limit it ends ``oom_killed``.
   * No deadlock: when a node's paused head cannot grow and every action holding memory on
     the node is paused (nothing will finish without growing), the youngest paused action
-    (latest in queue order) is ended ``oom_killed``, cause ``memory_deadlock``.
+    (latest in queue order) is ended ``oom_killed``, cause ``memory_deadlock``. A head held
+    back only by the node's reported pressure (``core.mem_pressure``) is no deadlock: it
+    waits for the node to recover (the kernel's own OOM killer stays the last resort).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from arl_tangram.core import mem_pressure
 from arl_tangram.core.decisions import Decision, GrowMemory, OomKill
 from arl_tangram.core.env_spec import EnvSpec
 from arl_tangram.core.state import EnvState, Running, StateEditor
@@ -133,9 +136,10 @@ def waiting_bytes(ed: StateEditor, node_id: str) -> int:
 
 
 def admissible_bytes(ed: StateEditor, node_id: str, reserve_bytes: int) -> int:
-    """Memory a new env or action may take on the node: free, less the reserve and what
-    paused actions wait for."""
-    return ed.cpu[node_id].free_mem_bytes - reserve_bytes - waiting_bytes(ed, node_id)
+    """Memory a new env or action may take on the node: free, less the reserve, what
+    paused actions wait for and the shortfall the node last reported (``core.mem_pressure``)."""
+    shortfall = mem_pressure.shortfall_bytes(ed, node_id)
+    return ed.cpu[node_id].free_mem_bytes - reserve_bytes - waiting_bytes(ed, node_id) - shortfall
 
 
 def on_paused(ed: StateEditor, action_id: str, usage_bytes: int) -> None:
@@ -216,10 +220,16 @@ def _limit_of(ed: StateEditor, run: Running) -> int:
 def _serve_node(ed: StateEditor, node_id: str, paused: list[Running], cause: str, reserve_bytes: int) -> list[Decision]:
     decisions: list[Decision] = []
     for run in paused:
+        _recap_wait(ed, run)  # a sibling on its env may have grown earlier in this loop
         want = ed.mem_waits[run.spec.action_id]
         delta = want - run.grant.mem_bytes
+        if delta <= 0:  # siblings on its env grew first and hold the rest of its limit
+            decisions.append(_kill(ed, run, f"oom: past its env's memory limit ({_limit_of(ed, run)} bytes)", cause))
+            continue
         free = ed.cpu[node_id]
-        if free.free_mem_bytes - reserve_bytes < delta:
+        if free.free_mem_bytes - reserve_bytes - mem_pressure.shortfall_bytes(ed, node_id) < delta:
+            if free.free_mem_bytes - reserve_bytes >= delta:
+                return decisions  # only the node's pressure holds it: it waits for the recovery
             break  # FCFS: nothing overtakes the head of the node's paused line
         ed.w("cpu")[node_id] = replace(free, free_mem_bytes=free.free_mem_bytes - delta)
         _resume(ed, run, want)

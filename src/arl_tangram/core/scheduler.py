@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from arl_tangram.core import env_flow, images, ledger, memory
+from arl_tangram.core import env_flow, images, ledger, mem_pressure, memory
 from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
@@ -37,6 +37,7 @@ from arl_tangram.core.events import (
     NodeJoined,
     NodeLayersChanged,
     NodeLost,
+    NodeMemoryPressure,
     PrefetchRequested,
     ReplicaFailed,
     ServiceReady,
@@ -171,6 +172,8 @@ class Scheduler:
             ed.touch(env.node_id if env else None)
         elif isinstance(event, ActionMemoryPaused):
             memory.on_paused(ed, event.action_id, event.usage_bytes)
+        elif isinstance(event, NodeMemoryPressure):
+            mem_pressure.on_report(ed, event.node_id, event.free_bytes, event.some_avg10)
         return []
 
     def _submit(self, ed: StateEditor, event: ActionSubmitted, cause: str) -> list[Decision]:
@@ -241,6 +244,7 @@ class Scheduler:
     def _lose_node(self, ed: StateEditor, node_id: str, cause: str) -> list[Decision]:
         decisions: list[Decision] = []
         ed.touch(None)
+        mem_pressure.forget_node(ed, node_id)
         why = f"node_lost: node {node_id} was lost"
         # Nobody is left to report these actions: the core ends them (or queues them again), once.
         on_node = sorted(a for a, run in ed.running.items() if run.node_id == node_id)

@@ -129,7 +129,7 @@ _TABLES = (
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
     "tenant_queued", "tenant_held", "env_flow",
     "node_layers", "image_layers", "pulls", "env_pulls", "pull_rate",
-    "env_footprint", "mem_peaks", "mem_waits",
+    "env_footprint", "mem_peaks", "mem_waits", "mem_shortfall",
 )
 
 
@@ -181,6 +181,9 @@ class ClusterState:
     env_footprint: Mapping[str, int] = field(default_factory=dict)
     mem_peaks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     mem_waits: Mapping[str, int] = field(default_factory=dict)
+    # Memory pressure (core/mem_pressure.py): node -> bytes of the ledger's free memory that
+    # the node's last report says are not really free (absent: none).
+    mem_shortfall: Mapping[str, int] = field(default_factory=dict)
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -229,6 +232,7 @@ class StateEditor:
     env_footprint: Mapping[str, int]
     mem_peaks: Mapping[str, tuple[int, ...]]
     mem_waits: Mapping[str, int]
+    mem_shortfall: Mapping[str, int]
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec

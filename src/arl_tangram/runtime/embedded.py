@@ -46,10 +46,11 @@ class EmbeddedRuntime:
     @classmethod
     async def start(
         cls, config: TangramConfig | None = None, *, cpu_config: CpuManagerConfig | None = None,
-        node_mem_bytes: int | None = None, memory_pause: bool = True,
+        node_mem_bytes: int | None = None, memory_pause: bool | None = None,
     ) -> EmbeddedRuntime:  # fmt: skip
         """``node_mem_bytes``: the memory sandboxes may hold in all (default: a share of
-        this host's); ``memory_pause``: pause-and-grow on (issue 21)."""
+        this host's); ``memory_pause``: pause-and-grow on (issue 21; None: the policy's
+        ``[scheduler.params] memory_pause``, on by default)."""
         config = config or TangramConfig()
         cpu_config = cpu_config or CpuManagerConfig(
             pool_size=config.cpu.pool_size,
@@ -70,8 +71,11 @@ class EmbeddedRuntime:
                 raise
             agent.max_concurrent_pulls = config.images.max_concurrent_pulls
             agent.snapshots = await asyncio.to_thread(open_snapshots, config.images, agent.images)
+        policy = config.scheduler.make_policy()
+        if memory_pause is None:
+            memory_pause = bool(getattr(policy, "memory_pause", True))
         controller = Controller(
-            Scheduler(config.scheduler.make_policy()), [agent], cluster=cluster_spec(config),
+            Scheduler(policy), [agent], cluster=cluster_spec(config),
             settings=config.service, tenants=config.tenants,
         )  # fmt: skip
         controller.snapshots.settings = snapshot_settings(config.images)

@@ -1,6 +1,7 @@
 """Shell: the controller's housekeeping: one asyncio task that, every ``interval_s``,
-releases envs whose lease ran out, forgets results past their retention, and prunes the
-journal of rows older than the request-id window.
+releases envs whose lease ran out, forgets results past their retention, prunes the
+journal of rows older than the request-id window, and posts the nodes' memory reports
+(``runtime.mem_reports``).
 
 Who calls: ``Controller.start`` starts it, ``Controller.aclose`` cancels and awaits it
 (structured: it never outlives its controller). ``sweep()`` is one pass, synchronous, on the
@@ -19,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from arl_tangram.runtime.leases import ExpiredEnv, Lease
+from arl_tangram.runtime.mem_reports import MemoryReporter
 
 if TYPE_CHECKING:
     from arl_tangram.runtime.controller import Controller
@@ -40,6 +42,7 @@ class Housekeeper:
         self._pruned_s: float | None = None
         self._rate_at: tuple[float, int] | None = None  # (clock, completions seen) at the last sweep
         self._completions = 0
+        self.memory = MemoryReporter(controller)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tangram-housekeeping")
@@ -58,6 +61,7 @@ class Housekeeper:
             try:
                 self.sweep()
                 await asyncio.to_thread(self.controller.snapshots.expire)  # disk work: off the loop
+                await self.memory.poll()
             except Exception:
                 log.exception("a housekeeping sweep failed; the next one tries again")
 

@@ -13,6 +13,12 @@ from arl_tangram.core.policies import cpu_round, opportunity, placement, quota, 
 from arl_tangram.core.policies.base import Policy
 from arl_tangram.core.state import QueuedAction, StateEditor
 
+#: headroom never granted on a node under per-action memory: it absorbs what the accounting
+#: sees late (footprints grow between reports, page cache, the node's own processes) so the
+#: kernel never OOM-kills at node level. Assumption (no PAPER.md figure): 256 MiB, ~1 % of
+#: this 24 GiB host and ~200 of the ~1.2 MB idle sandboxes issue 21 measures.
+DEFAULT_MEM_RESERVE_BYTES = 256 << 20
+
 
 class ElasticPolicy(Policy):
     """``depth`` bounds candidates per round and the queued actions an estimate charges;
@@ -28,7 +34,11 @@ class ElasticPolicy(Policy):
 
     ``memory_per_action``: envs hold their idle footprint and actions their memory grants
     (``core.memory``; off: each env holds its limit for its life, as before issue 21);
-    ``mem_reserve_bytes`` of each node's memory are never granted (headroom).
+    ``mem_reserve_bytes`` of each node's memory are never granted (headroom; None:
+    ``DEFAULT_MEM_RESERVE_BYTES`` under per-action memory, 0 when envs hold their limits,
+    which are hard caps already). ``memory_pause``: an action over its grant pauses while
+    the core decides (pause-and-grow); off: it is OOM-killed at its grant, as a pod is at its
+    limit. The live executor reads it (``EmbeddedRuntime``); the round is the same either way.
 
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
@@ -45,14 +55,22 @@ class ElasticPolicy(Policy):
         opportunity_cost: bool = True,
         preempt_quantum_s: float | None = None,
         memory_per_action: bool = True,
-        mem_reserve_bytes: int = 0,
+        mem_reserve_bytes: int | None = None,
+        memory_pause: bool = True,
     ) -> None:
         if preempt_quantum_s is not None and not preempt_quantum_s > 0:
             raise SpecError("preempt_quantum_s", "must be > 0 seconds, or None (no preemption)", preempt_quantum_s)
         self.preempt_quantum_s = preempt_quantum_s
         self.depth = depth
         self.memory_per_action = memory_per_action
-        self.mem_reserve_bytes = mem_reserve_bytes
+        bad_reserve = isinstance(mem_reserve_bytes, bool) or not isinstance(mem_reserve_bytes, int) or mem_reserve_bytes < 0
+        if mem_reserve_bytes is not None and bad_reserve:
+            raise SpecError("mem_reserve_bytes", "must be an integer >= 0 (bytes), or None (the default)", mem_reserve_bytes)
+        if not isinstance(memory_pause, bool):
+            raise SpecError("memory_pause", "must be true or false", memory_pause)
+        default_reserve = DEFAULT_MEM_RESERVE_BYTES if memory_per_action else 0
+        self.mem_reserve_bytes = default_reserve if mem_reserve_bytes is None else mem_reserve_bytes
+        self.memory_pause = memory_pause
         self.opportunity_cost = opportunity_cost
         self.deferral_tries = deferral_tries
         self.aging_s = aging_s

@@ -105,6 +105,10 @@ class CgroupDriver(Protocol):
 
     def root_memory_limit_bytes(self) -> int | None: ...
 
+    # the memory groups around every sandbox of the node, innermost first (the root group,
+    # then the group it is nested in); empty when unisolated (``managers.cpu.node_memory``)
+    def memory_dirs(self) -> tuple[str, ...]: ...
+
 
 def format_cpus(cpus: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the cpulist format of cpuset files)."""

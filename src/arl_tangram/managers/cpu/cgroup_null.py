@@ -84,6 +84,9 @@ class NullCgroupDriver:
     def root_memory_limit_bytes(self) -> int | None:
         return None
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return ()
+
     def sandbox_memory_bytes(self, sandbox: str) -> int:
         return 0
 

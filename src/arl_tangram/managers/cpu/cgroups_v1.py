@@ -204,6 +204,9 @@ class CgroupV1Driver:
     def root_memory_limit_bytes(self) -> int | None:
         return read_int(self._path("memory", "memory.limit_in_bytes"))
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return (self._dirs["memory"], self._parents["memory"])
+
     def freeze(self, sandbox: str) -> None:
         """Stop every task of the sandbox (asynchronous in v1: state may read FREEZING a while)."""
         write_text(self._path("freezer", sandbox, "freezer.state"), "FROZEN")

@@ -176,6 +176,9 @@ class CgroupV2Driver:
         text = read_text(self._path("memory.max")).strip()
         return None if text == "max" else int(text)
 
+    def memory_dirs(self) -> tuple[str, ...]:
+        return (self._root, os.path.dirname(self._root))
+
     def freeze(self, sandbox: str) -> None:
         write_text(self._path(sandbox, "cgroup.freeze"), "1")
 
