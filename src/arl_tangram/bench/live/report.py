@@ -149,38 +149,40 @@ def write_plots(results: Sequence[WorkloadResult], report_dir: Path) -> list[Pat
 
 
 def _cpu_plot(plt: Any, name: str, runs: list[SystemRun], report_dir: Path) -> Path:
-    fig, axes = plt.subplots(len(runs), 1, figsize=(7, 2.2 * len(runs)), sharex=True, squeeze=False)
-    end_s = max(max((s[1] for s in r.reserved_spans + r.used_spans), default=0.0) for r in runs)
-    step_s = max(0.1, end_s / 200)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
-        times = [i * step_s for i in range(int(end_s / step_s) + 1)]
-        ax.plot(times, _cores_over_time(run.reserved_spans, end_s, step_s, rate=False), label="reserved")
-        ax.plot(times, _cores_over_time(run.used_spans, end_s, step_s, rate=True), label="used")
-        ax.set(ylabel="cores", title=run.system)
-        ax.legend(loc="upper right")
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("seconds since the system's start")
-    fig.suptitle(f"{name}: CPU cores reserved vs used")
-    path = _save(fig, report_dir / f"{name}_cpu.png")
-    plt.close(fig)
-    return path
+    """Cores reserved vs used (CPU seconds as a rate) over time, per system."""
+    return _over_time_plot(
+        plt, name, runs, report_dir, lambda r: (r.reserved_spans, r.used_spans),
+        unit="cores", used_label="used", used_rate=True, what="cpu", title="CPU cores reserved vs used",
+    )  # fmt: skip
 
 
 def _mem_plot(plt: Any, name: str, runs: list[SystemRun], report_dir: Path) -> Path:
     """GiB reserved (held) vs used (each action's peak over its run) over time, per system."""
+    return _over_time_plot(
+        plt, name, runs, report_dir, lambda r: (r.mem_reserved_spans, r.mem_used_spans),
+        unit="GiB", used_label="used (peak)", used_rate=False, what="mem", title="memory reserved vs used",
+    )  # fmt: skip
+
+
+def _over_time_plot(
+    plt: Any, name: str, runs: list[SystemRun], report_dir: Path, spans_of: Any,
+    *, unit: str, used_label: str, used_rate: bool, what: str, title: str,
+) -> Path:  # fmt: skip
+    """One panel per system: its reserved and used spans (``spans_of(run)``) sampled over time."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(7, 2.2 * len(runs)), sharex=True, squeeze=False)
-    end_s = max(max((s[1] for s in r.mem_reserved_spans + r.mem_used_spans), default=0.0) for r in runs)
+    end_s = max(max((s[1] for s in sum(spans_of(r), [])), default=0.0) for r in runs)
     step_s = max(0.1, end_s / 200)
+    times = [i * step_s for i in range(int(end_s / step_s) + 1)]
     for ax, run in zip(axes[:, 0], runs, strict=True):
-        times = [i * step_s for i in range(int(end_s / step_s) + 1)]
-        ax.plot(times, _cores_over_time(run.mem_reserved_spans, end_s, step_s, rate=False), label="reserved")
-        ax.plot(times, _cores_over_time(run.mem_used_spans, end_s, step_s, rate=False), label="used (peak)")
-        ax.set(ylabel="GiB", title=run.system)
+        reserved, used = spans_of(run)
+        ax.plot(times, _cores_over_time(reserved, end_s, step_s, rate=False), label="reserved")
+        ax.plot(times, _cores_over_time(used, end_s, step_s, rate=used_rate), label=used_label)
+        ax.set(ylabel=unit, title=run.system)
         ax.legend(loc="upper right")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the system's start")
-    fig.suptitle(f"{name}: memory reserved vs used")
-    path = _save(fig, report_dir / f"{name}_mem.png")
+    fig.suptitle(f"{name}: {title}")
+    path = _save(fig, report_dir / f"{name}_{what}.png")
     plt.close(fig)
     return path
 
