@@ -79,7 +79,7 @@ def _pickled_copy(folder: Path, into: Path) -> Path:
 
 
 async def test_allowed_factories_load_the_operators_need_no_allowlist_and_a_broken_one_is_an_error(tmp_path: Path) -> None:
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     models = tmp_path / "models"
     tiny = generate_causal_lm(models, 1 << 20)

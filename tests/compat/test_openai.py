@@ -26,14 +26,14 @@ PROMPT = [5, 17, 300, 42, 7, 1000]
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     return generate_causal_lm(tmp_path_factory.mktemp("arl-tangram-compat-models"), 3_000_000, seed=1)
 
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     return generate_causal_lm(tmp_path_factory.mktemp("arl-tangram-compat-reward"), 3_000_000, seed=2, num_labels=2)
 

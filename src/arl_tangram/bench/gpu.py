@@ -246,7 +246,7 @@ def _run_trace(manager: Any, trace: list[tuple[int, list[int]]]) -> list[float]:
 
 def measure_mopd(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     from arl_tangram.managers.gpu import GpuManager, StandaloneGpuManager
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     folders = [
         generate_causal_lm(cache, int(args.teacher_mb * 1e6), seed=100 + i, dtype=args.dtype)
@@ -401,7 +401,7 @@ def main(argv: list[str]) -> int:
 
 def _measure_managers(args: argparse.Namespace, cache: Path, phase_s: dict[str, float], result: dict[str, Any]) -> None:
     """Every figure but ``generate`` (see the module docstring)."""
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     with _timed(phase_s, "generate"):
         folder = generate_causal_lm(

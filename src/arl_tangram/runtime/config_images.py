@@ -165,9 +165,18 @@ def open_snapshots(config: ImagesConfig, images: Any) -> Any:
     return NodeSnapshots(store, images)
 
 
-def snapshot_settings(config: ImagesConfig | None) -> Any:
-    from arl_tangram.runtime.snapshots import SnapshotSettings
+@dataclass(frozen=True)
+class SnapshotSettings:
+    """``max_fork_count``: the most children one fork makes; ``ttl_s``: a snapshot's idle
+    lease (renewed by a fork or an env created from it); ``max_depth``: layers a chain of
+    snapshots may stack before the next one is squashed."""
 
+    max_fork_count: int = 64
+    ttl_s: float = 3600.0
+    max_depth: int = 16
+
+
+def snapshot_settings(config: ImagesConfig | None) -> SnapshotSettings:
     if config is None:
         return SnapshotSettings()
     return SnapshotSettings(config.max_fork_count, config.snapshot_ttl_s, config.max_snapshot_depth)

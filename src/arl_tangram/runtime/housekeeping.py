@@ -17,13 +17,58 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from arl_tangram.runtime.leases import ExpiredEnv, Lease
-from arl_tangram.runtime.mem_reports import MemoryReporter
+from arl_tangram.runtime.actions import ActionStore
+from arl_tangram.runtime.config import ServiceSettings
+from arl_tangram.runtime.journal import Journal
+from arl_tangram.runtime.leases import EnvLeases, ExpiredEnv, Lease
+from arl_tangram.runtime.loop import Clock
+from arl_tangram.runtime.mem_reports import MemoryReporter, ReportHost
+from arl_tangram.runtime.tenants import Admission
 
-if TYPE_CHECKING:
-    from arl_tangram.runtime.controller import Controller
+
+class _Creations(Protocol):
+    @property
+    def env_waiters(self) -> dict[str, asyncio.Future[str | None]]: ...
+
+
+class _Expiring(Protocol):
+    def expire(self) -> Any: ...
+
+
+class HousekeepingHost(ReportHost, Protocol):
+    """What housekeeping needs of the controller (``Controller`` is one)."""
+
+    @property
+    def settings(self) -> ServiceSettings: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def leases(self) -> EnvLeases: ...
+
+    @property
+    def store(self) -> ActionStore: ...
+
+    @property
+    def journal(self) -> Journal | None: ...
+
+    @property
+    def executor(self) -> _Creations | None: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def snapshots(self) -> _Expiring: ...
+
+    @property
+    def on_env_expired(self) -> list[Callable[[ExpiredEnv], None]]: ...
+
+    def release_env(self, env_id: str) -> None: ...
 
 log = logging.getLogger(__name__)
 MAX_INTERVAL_S = 1.0  # expiry is late by at most this (or a quarter of the shortest TTL)
@@ -33,7 +78,7 @@ RATE_SMOOTHING = 0.3  # weight of the newest sample in the completion-rate estim
 
 
 class Housekeeper:
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: HousekeepingHost) -> None:
         self.controller = controller
         settings = controller.settings
         shortest_s = min(settings.env_idle_ttl_s, settings.result_retention_s) / 4

@@ -10,13 +10,25 @@ node reports through its own backend.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from arl_tangram.core.events import NodeMemoryPressure
+from arl_tangram.agent.node import NodeAgent
+from arl_tangram.core.events import Event, NodeMemoryPressure
 from arl_tangram.managers.cpu import node_memory
+from arl_tangram.runtime.loop import ControllerLoop
 
-if TYPE_CHECKING:
-    from arl_tangram.runtime.controller import Controller
+
+class ReportHost(Protocol):
+    """What memory reports need of the controller (``Controller`` is one)."""
+
+    @property
+    def loop(self) -> ControllerLoop: ...
+
+    @property
+    def node_agents(self) -> Sequence[NodeAgent]: ...
+
+    def post(self, event: Event) -> str: ...
 
 #: the least change of a node's measured free memory that is reported again (assumption:
 #: 4 MiB is under the smallest grant a learned peak gives and above page-cache jitter)
@@ -26,7 +38,7 @@ REPORT_STEP_BYTES = 4 << 20
 class MemoryReporter:
     """Called by the housekeeper (one task): not thread-safe, no state beyond the last report."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ReportHost) -> None:
         self.controller = controller
         self._last: dict[str, node_memory.NodeMemory] = {}
 

@@ -23,23 +23,43 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from arl_tangram.core.events import ActionSubmitted
-from arl_tangram.runtime.actions import ActionRecord, ActionResult
+from arl_tangram.core.elasticity import Learned
+from arl_tangram.core.events import ActionSubmitted, Event
+from arl_tangram.runtime.actions import ActionRecord, ActionResult, ActionStore
 from arl_tangram.runtime.codec import (
     payload_from_dict,
     result_from_dict,
     result_to_dict,
     spec_from_dict,
 )
-from arl_tangram.runtime.journal import JournalRow
-
-if TYPE_CHECKING:
-    from arl_tangram.runtime.controller import Controller
+from arl_tangram.runtime.config import ServiceSettings
+from arl_tangram.runtime.journal import Journal, JournalRow
+from arl_tangram.runtime.loop import Clock
 
 log = logging.getLogger(__name__)
 RESTARTED = "service_restarted"
+
+
+class RecoveryHost(Protocol):
+    """What recovery needs of the controller (``Controller`` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def settings(self) -> ServiceSettings: ...
+
+    @property
+    def store(self) -> ActionStore: ...
+
+    @property
+    def journal(self) -> Journal | None: ...
+
+    def learned_model(self, kind: str) -> Learned: ...
+
+    def post(self, event: Event) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -50,14 +70,14 @@ class Resumed:
     ended: tuple[str, ...] = ()
 
 
-def _record(c: Controller, row: JournalRow, now_s: float, now_wall_s: float) -> ActionRecord:
+def _record(c: RecoveryHost, row: JournalRow, now_s: float, now_wall_s: float) -> ActionRecord:
     spec = spec_from_dict(row.spec, c.learned_model)
     future: asyncio.Future[ActionResult] = asyncio.get_running_loop().create_future()
     submitted_s = now_s - max(0.0, now_wall_s - row.submitted_wall_s)
     return ActionRecord(spec, payload_from_dict(row.payload), submitted_s, future, request_id=row.request_id)
 
 
-def restore_results(c: Controller, rows: list[JournalRow]) -> list[ActionRecord]:
+def restore_results(c: RecoveryHost, rows: list[JournalRow]) -> list[ActionRecord]:
     """Make the retained, unacknowledged results readable, and hold every unfinished action
     (unfinished, not yet queued: readable, and its request id idempotent, at once). Returns
     the unfinished records, in submission order, for ``resume``."""
@@ -93,7 +113,7 @@ def restore_results(c: Controller, rows: list[JournalRow]) -> list[ActionRecord]
     return unfinished
 
 
-def resume(c: Controller, records: list[ActionRecord]) -> Resumed:
+def resume(c: RecoveryHost, records: list[ActionRecord]) -> Resumed:
     """Re-run the never-started, end the rest ``error``; see the module docstring."""
     rerun, ended = [], []
     for record in records:
@@ -116,7 +136,7 @@ def resume(c: Controller, records: list[ActionRecord]) -> Resumed:
     return Resumed(tuple(rerun), tuple(ended))
 
 
-def journaled(c: Controller, tenant: str, request_id: str) -> ActionRecord | None:
+def journaled(c: RecoveryHost, tenant: str, request_id: str) -> ActionRecord | None:
     """The journaled record of a request id whose live record was forgotten (acknowledged
     or past retention), its ``done`` resolved; None without a journal or such a row."""
     if c.journal is None:

@@ -15,7 +15,8 @@ import asyncio
 import json
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from arl_tangram.agent.node import NodeAgent
 from arl_tangram.core.decisions import StartAction
@@ -28,14 +29,26 @@ from arl_tangram.runtime.actions import (
     LazyOutput,
     ServicePayload,
 )
+from arl_tangram.runtime.blocking import BlockingRunner
 
 if TYPE_CHECKING:
     from arl_tangram.managers.cpu.preempt import RunHandle
-    from arl_tangram.runtime.dispatcher import LiveExecutor
+
+
+class RunHost(BlockingRunner, Protocol):
+    """What running an action needs of the executor (``LiveExecutor`` is one)."""
+
+    @property
+    def memory_pause(self) -> bool: ...
+
+    @property
+    def replica_ready(self) -> dict[str, asyncio.Future[str | None]]: ...
+
+    def memory_paused_reporter(self, d: StartAction) -> Callable[[int], None]: ...
 
 
 async def run_exec(
-    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ExecPayload, cancel: threading.Event,
+    ex: RunHost, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ExecPayload, cancel: threading.Event,
     handle: RunHandle | None = None,
 ) -> tuple[ActionResult, float]:
     """A command in the env's sandbox (or one of its sessions) with exactly the decision's
@@ -83,7 +96,7 @@ async def run_exec(
 
 
 async def run_service(
-    ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ServicePayload,
+    ex: RunHost, agent: NodeAgent, record: ActionRecord, d: StartAction, p: ServicePayload,
     cancel: threading.Event | None = None,
 ) -> tuple[ActionResult, float]:  # fmt: skip
     """A request to the replica the decision names, once that replica has loaded.

@@ -18,18 +18,35 @@ Idempotent; the controller refuses submissions and env requests from then on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import Protocol
 
-from arl_tangram.core.events import ActionCancelled
-from arl_tangram.runtime.actions import ActionResult
+from arl_tangram.core.events import ActionCancelled, Event
+from arl_tangram.runtime.actions import ActionResult, ActionStore
 
-if TYPE_CHECKING:
-    from arl_tangram.runtime.controller import Controller
+
+class _Creations(Protocol):
+    @property
+    def env_waiters(self) -> dict[str, asyncio.Future[str | None]]: ...
+
+
+class ShutdownHost(Protocol):
+    """What ending pending work needs of the controller (``Controller`` is one)."""
+
+    @property
+    def executor(self) -> _Creations | None: ...
+
+    @property
+    def store(self) -> ActionStore: ...
+
+    def release_env(self, env_id: str) -> None: ...
+
+    def post(self, event: Event) -> str: ...
 
 SHUTTING_DOWN = "shutting_down"
 
 
-def end_pending(controller: Controller, cause: str = SHUTTING_DOWN) -> tuple[int, int, int]:
+def end_pending(controller: ShutdownHost, cause: str = SHUTTING_DOWN) -> tuple[int, int, int]:
     """(creations, queued, running) ended or stopped now."""
     executor = controller.executor
     creations = 0

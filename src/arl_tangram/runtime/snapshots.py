@@ -18,36 +18,26 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
+from arl_tangram.agent.node import NodeAgent
 from arl_tangram.agent.snapshots import SnapshotInUseError, SnapshotNotFoundError
+from arl_tangram.core.action import ActionSpec
+from arl_tangram.core.decisions import StartAction
 from arl_tangram.core.env_spec import EnvSpec, check_snapshot_id
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.snapshots import exclusive_action
-from arl_tangram.runtime.actions import ActionRecord, ActionResult, SnapshotPayload
-
-if TYPE_CHECKING:
-    from arl_tangram.agent.node import NodeAgent
-    from arl_tangram.core.decisions import StartAction
-    from arl_tangram.runtime.controller import Controller
-    from arl_tangram.runtime.dispatcher import LiveExecutor
+from arl_tangram.runtime.actions import ActionRecord, ActionResult, Payload, SnapshotPayload
+from arl_tangram.runtime.blocking import BlockingRunner
+from arl_tangram.runtime.config_images import SnapshotSettings
+from arl_tangram.runtime.loop import Clock, ControllerLoop
 
 MAX_NAME_CHARS = 128
 
 
-@dataclass(frozen=True)
-class SnapshotSettings:
-    """``max_fork_count``: the most children one fork makes; ``ttl_s``: a snapshot's idle
-    lease (renewed by a fork or an env created from it); ``max_depth``: layers a chain of
-    snapshots may stack before the next one is squashed."""
-
-    max_fork_count: int = 64
-    ttl_s: float = 3600.0
-    max_depth: int = 16
-
-
-async def run_snapshot(ex: LiveExecutor, agent: NodeAgent, record: ActionRecord, d: StartAction, p: SnapshotPayload) -> tuple[ActionResult, float]:
+async def run_snapshot(ex: BlockingRunner, agent: NodeAgent, record: ActionRecord, d: StartAction, p: SnapshotPayload) -> tuple[ActionResult, float]:
     """The ``snapshot`` or ``rollback`` action on the agent's node (blocking work on a worker
     thread). A refusal (a rule, an unknown snapshot) ends it ``rejected`` naming the field."""
     snaps, cpu, spec = agent.snapshots, agent.cpu, record.spec
@@ -76,10 +66,36 @@ def public(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class SnapshotHost(Protocol):
+    """What snapshot, fork and rollback need of the controller (``Controller`` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def loop(self) -> ControllerLoop: ...
+
+    @property
+    def env_specs(self) -> dict[str, EnvSpec]: ...
+
+    @property
+    def node_agents(self) -> Sequence[NodeAgent]: ...
+
+    def submit(self, spec: ActionSpec, payload: Payload, *, request_id: str | None = None) -> ActionRecord: ...
+
+    async def wait(self, action_id: str, timeout_s: float | None = None) -> ActionResult: ...
+
+    def ack(self, action_id: str) -> bool: ...
+
+    async def create_env(self, spec: EnvSpec) -> None: ...
+
+    def release_env(self, env_id: str) -> None: ...
+
+
 class SnapshotService:
     """The controller's snapshot calls. One per controller (``Controller.snapshots``)."""
 
-    def __init__(self, controller: Controller, settings: SnapshotSettings | None = None) -> None:
+    def __init__(self, controller: SnapshotHost, settings: SnapshotSettings | None = None) -> None:
         self.c = controller
         self.settings = settings or SnapshotSettings()
         self.leases: dict[str, float] = {}  # snapshot id -> expiry (controller clock)

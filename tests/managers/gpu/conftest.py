@@ -24,7 +24,7 @@ from arl_tangram.managers.gpu import (  # noqa: E402
     StandaloneGpuManager,
     cpu_devices,
 )
-from arl_tangram.managers.gpu.models import generate_causal_lm  # noqa: E402
+from arl_tangram.managers.gpu.generated_lm import generate_causal_lm  # noqa: E402
 
 TEACHER_BYTES = 3_000_000  # small on purpose: the suite must stay fast on 2 cores
 NUM_TEACHERS = 5

@@ -23,7 +23,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from arl_tangram.api.compat.openai_face import _face, _parse, _service, call_service, submit_service
+from arl_tangram.api.compat.openai_calls import (
+    call_service,
+    parse_body,
+    resolve_service,
+    serve_face,
+    submit_service,
+)
 from arl_tangram.api.state import ApiState
 from arl_tangram.runtime.actions import ActionRecord, read_result
 
@@ -92,8 +98,8 @@ def _usage(out: dict[str, Any]) -> dict[str, int]:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Any:
     async def work(state: ApiState, tenant: str, raw: Any) -> Any:
-        body: ChatBody = _parse(ChatBody, raw)
-        internal = _service(state, tenant, body.model, ("generate",), "/v1/chat/completions")
+        body: ChatBody = parse_body(ChatBody, raw)
+        internal = resolve_service(state, tenant, body.model, ("generate",), "/v1/chat/completions")
         call = _request(
             body, messages=[m.model_dump() for m in body.messages], max_tokens=body.max_completion_tokens or body.max_tokens,
             logprobs=body.logprobs or None, top_logprobs=body.top_logprobs if body.logprobs else None,
@@ -105,12 +111,12 @@ async def chat_completions(request: Request) -> Any:
         choice = {"index": 0, "message": {"role": "assistant", "content": out["text"]}, "finish_reason": out["finish_reason"], "logprobs": _chat_logprobs(out["logprobs"])}
         return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(out)}
 
-    return await _face(request, work)
+    return await serve_face(request, work)
 
 
 async def generate_completion(state: ApiState, tenant: str, raw: dict[str, Any], internal: str) -> Any:
     """``/v1/completions`` on a ``generate`` service (``openai_face`` hands it over)."""
-    body: GenerateCompletionBody = _parse(GenerateCompletionBody, raw)
+    body: GenerateCompletionBody = parse_body(GenerateCompletionBody, raw)
     top = body.logprobs
     call = _request(body, prompt=body.prompt, max_tokens=body.max_tokens, logprobs=top is not None or None, top_logprobs=top)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}

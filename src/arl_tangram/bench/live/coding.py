@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -39,6 +39,7 @@ from arl_tangram.bench.live.coding_plan import (
     candidate_problems,
     make_plans,
 )
+from arl_tangram.bench.live.coding_records import ActionRecord, TrajectoryOutcome
 from arl_tangram.bench.live.coding_result import workload_result
 from arl_tangram.bench.live.common import LiveOptions, Progress, SystemRun, WorkloadResult
 from arl_tangram.client import AsyncClient, Elastic
@@ -49,38 +50,6 @@ WORKLOAD = "coding"
 SYSTEMS = ("k8s-burstable", "tangram", "k8s-guaranteed")  # the two fast systems side by side in time
 REWARD_SERVICE = "reward/minilm"
 RUNNER_SOURCE = resources.files("arl_tangram.bench.live").joinpath("coding_runner.py").read_text(encoding="utf-8")
-
-
-@dataclass
-class ActionRecord:
-    """One action a trajectory waited on, with its times relative to the system's start."""
-
-    category: str  # "env" (lint, test) or "reward"
-    kind: str
-    submitted_s: float
-    result: ActionResult
-
-    @property
-    def act_s(self) -> float:
-        return self.result.act_s
-
-
-@dataclass
-class TrajectoryOutcome:
-    plan: TrajectoryPlan
-    started_s: float
-    ended_s: float = 0.0
-    verdicts: list[tuple[str, bool]] = field(default_factory=list)  # (variant, passed)
-    scores: list[tuple[str, float]] = field(default_factory=list)  # (variant, MiniLM score)
-    actions: list[ActionRecord] = field(default_factory=list)
-    lost: int = 0  # actions that ended other than succeeded/failed (none may)
-    env_start_s: float = 0.0  # from asking for the env (a pod) to its sandbox being ready
-    env_wait_s: float = 0.0  # of that, what outlasted the first think (the first action waited)
-
-    @property
-    def correct(self) -> bool:
-        """Every test verdict matched the solution's known correctness, and nothing was lost."""
-        return bool(self.verdicts) and self.lost == 0 and all(p == (v == "canonical") for v, p in self.verdicts)
 
 
 @dataclass

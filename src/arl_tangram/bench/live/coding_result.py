@@ -12,13 +12,11 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from arl_tangram.bench.live.coding_plan import Calibration, CodingConfig, Problem
+from arl_tangram.bench.live.coding_records import ActionRecord, TrajectoryOutcome
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
-
-if TYPE_CHECKING:
-    from arl_tangram.bench.live.coding import ActionRecord, TrajectoryOutcome
 
 TANGRAM = "tangram"
 

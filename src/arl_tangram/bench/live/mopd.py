@@ -102,7 +102,7 @@ def make_plans(p: MopdLiveParams, seed: int) -> list[Plan]:
 def teacher_folders(p: MopdLiveParams) -> list[Path]:
     """Generate (or reuse from the user cache, outside the repository) the teachers;
     deterministic by size and seed."""
-    from arl_tangram.managers.gpu.models import generate_causal_lm
+    from arl_tangram.managers.gpu.generated_lm import generate_causal_lm
 
     return [generate_causal_lm(CACHE_DIR, TEACHER_BYTES[k], seed=MODEL_SEED + k) for k in range(p.teachers)]
 

@@ -15,20 +15,36 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
+from arl_tangram.managers.cpu.config import CpuManagerConfig
 from arl_tangram.managers.cpu.errors import SandboxNotFoundError
 from arl_tangram.managers.cpu.grants import GrantRequest, grant_request
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
-from arl_tangram.managers.cpu.sandbox import SandboxGoneError
+from arl_tangram.managers.cpu.sandbox import Sandbox, SandboxGoneError
 from arl_tangram.managers.cpu.session import SessionRun, ShellSession
+from arl_tangram.managers.cpu.topology import CpuTopology
 
-if TYPE_CHECKING:
-    from arl_tangram.managers.cpu.manager import CpuManager
+
+class SessionHost(Protocol):
+    """What sessions need of the CPU manager that owns them (``CpuManager`` is one)."""
+
+    config: CpuManagerConfig
+    driver: CgroupDriver
+    topology: CpuTopology
+
+    def get_sandbox(self, sandbox_id: str) -> Sandbox: ...
+
+    def reserve(self, g: GrantRequest) -> tuple[int, ...]: ...
+
+    def release(self, cpus: tuple[int, ...]) -> None: ...
+
+    def base_env(self, sandbox_id: str, dop: int) -> dict[str, str]: ...
 
 
 class SessionRegistry:
-    def __init__(self, manager: CpuManager) -> None:
+    def __init__(self, manager: SessionHost) -> None:
         self._manager = manager
         self._lock = threading.Lock()
         self._sessions: dict[str, ShellSession] = {}

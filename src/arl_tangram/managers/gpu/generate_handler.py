@@ -14,7 +14,7 @@ import torch
 
 from arl_tangram.managers.gpu.decoding import DecodeLoop
 from arl_tangram.managers.gpu.generate import GenerateRequest, parse_generate
-from arl_tangram.managers.gpu.handlers import Handler
+from arl_tangram.managers.gpu.handler_base import Handler
 from arl_tangram.managers.gpu.service import LoadedModel
 
 

@@ -98,7 +98,7 @@ def generate_chat_lm(
     """Folder of a chat causal LM of about ``size_bytes``: config, safetensors weights drawn
     from ``seed`` (output layer scaled by ``LOGIT_SCALE``), tokenizer and chat template.
 
-    Cached by (size, seed, dtype) and written atomically, as ``models.generate_causal_lm``.
+    Cached by (size, seed, dtype) and written atomically, as ``generate_causal_lm``.
     Register it with handler ``generate`` (or ``logprobs``: it is an ordinary causal LM).
     """
     cache = Path(cache_dir)
@@ -170,3 +170,51 @@ def add_tokenizer(folder: Path) -> None:
             part = folder / f".{name}.part"
             shutil.copyfile(source / name, part)
             os.replace(part, folder / name)  # tokenizer.json last-but-whole: never half a file
+
+
+def generate_causal_lm(
+    cache_dir: str | Path, size_bytes: int, seed: int = 0, dtype: str = "float32", num_labels: int = 0
+) -> Path:
+    """Folder of a causal LM of about ``size_bytes`` with weights drawn from ``seed`` and the
+    generated tokenizer (``add_tokenizer``: its vocabulary is the model's); with
+    ``num_labels`` > 0, a sequence-classification (reward) head of that many classes instead
+    of the LM head (load it as a ``classify`` service).
+
+    Cached by (size, seed, dtype): a second call returns the same folder without work. The
+    folder appears atomically (written under a temporary name, then renamed), so concurrent
+    generators and interrupted runs never leave a half-written model behind.
+    """
+    cache = Path(cache_dir)
+    head = f"-cls{num_labels}" if num_labels > 0 else ""
+    target = cache / f"causal-lm-{size_bytes}-seed{seed}-{dtype}{head}"
+    if (target / "config.json").exists():
+        add_tokenizer(target)  # folders generated before models came with a tokenizer
+        return target
+    tf = _transformers()
+    import torch
+
+    cache.mkdir(parents=True, exist_ok=True)
+    fields = causal_lm_config(size_bytes, dtype)
+    config = tf.LlamaConfig(
+        **{k: v for k, v in fields.items() if k not in ("architectures", "model_type", "dtype")}
+    )
+    if num_labels > 0:
+        config.num_labels = num_labels
+        config.pad_token_id = 0  # the head reads the last non-padding token
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model_class = tf.LlamaForSequenceClassification if num_labels > 0 else tf.LlamaForCausalLM
+        module = model_class(config).to(getattr(torch, dtype))
+    finally:
+        torch.random.set_rng_state(generator_state)
+    staging = Path(tempfile.mkdtemp(prefix=".arl-tangram-gen-", dir=cache))
+    try:
+        module.save_pretrained(str(staging), safe_serialization=True)
+        add_tokenizer(staging)  # string prompts work: the generated BPE has the model's vocabulary
+        if not target.exists():  # another process may have won the race: keep its copy
+            os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

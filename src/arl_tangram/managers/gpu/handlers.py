@@ -21,30 +21,17 @@ Request and response shapes follow the OpenAI faces in spirit (PROTOCOLS.md):
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from arl_tangram.managers.gpu.errors import InvalidRequestError
+from arl_tangram.managers.gpu.generate_handler import GenerateHandler
+from arl_tangram.managers.gpu.handler_base import Handler
 from arl_tangram.managers.gpu.service import LoadedModel
 
 MAX_INPUTS_PER_REQUEST = 1024
-
-
-class Handler(ABC):
-    kind: ClassVar[str]
-
-    @abstractmethod
-    def parse(self, request: Any, model: LoadedModel, service: str) -> Any:
-        """Validate ``request``; return the parsed form ``run`` takes. Pure, cheap, thread-safe."""
-
-    @abstractmethod
-    def run(
-        self, model: LoadedModel, items: Sequence[Any], device: torch.device
-    ) -> list[dict[str, Any]]:
-        """Run parsed requests as one batch on ``device``; one response per item, same order."""
 
 
 def _require_mapping(request: Any, service: str) -> Mapping[str, Any]:
@@ -223,9 +210,6 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
-
-# Defined after ``Handler``: the generate handler's module imports it from here.
-from arl_tangram.managers.gpu.generate_handler import GenerateHandler  # noqa: E402
 
 HANDLERS: dict[str, Handler] = {
     h.kind: h

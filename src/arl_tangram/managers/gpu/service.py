@@ -15,7 +15,7 @@ host RAM) and ``tensor.pin_memory()`` would allocate twice; registration does ne
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,31 +27,8 @@ from arl_tangram.managers.gpu.layout import (
     plan_host_layout,
     plan_shards,
 )
+from arl_tangram.managers.gpu.loaded_model import LoadedModel, TensorRef
 from arl_tangram.managers.gpu.skeleton import SkeletonPool
-
-
-@dataclass
-class LoadedModel:
-    """What a loader returns: the module plus what handlers need to validate and encode input."""
-
-    module: torch.nn.Module
-    tokenizer: Any | None = None
-    vocab_size: int | None = None
-    max_length: int = 512
-    pad_token_id: int = 0
-    # Fast (Rust) tokenizers refuse concurrent use from several threads ("Already borrowed").
-    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-
-@dataclass
-class TensorRef:
-    """One distinct weight tensor: where it is used in the module tree."""
-
-    dtype: torch.dtype
-    shape: torch.Size
-    nbytes: int
-    param_name: str | None  # qualified name of the Parameter (tied weights: the first owner)
-    buffer_owners: list[tuple[str, str]] = field(default_factory=list)  # (module, key)
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,11 @@ import copy
 import dataclasses
 import threading
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # service.py builds the pool: a runtime import would be circular
-    from arl_tangram.managers.gpu.service import LoadedModel, TensorRef
+from arl_tangram.managers.gpu.loaded_model import LoadedModel, TensorRef
 
 _COPIED = (torch.Tensor, torch.nn.Module, dict, list, set, tuple)
 

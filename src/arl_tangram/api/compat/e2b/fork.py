@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from arl_tangram.api.compat.e2b.control import (
+from arl_tangram.api.compat.e2b.route_basics import (
     E2bError,
     check_timeout,
     e2b_route,
