@@ -71,9 +71,10 @@ class MemoryPause:
             self._recheck = False
             if not watch.consume() or self._since is not None:
                 return None
+            began = time.monotonic()  # the pause runs from the crossing, freezing included
             usage = watch.stop_for_grant()
             if usage is not None:
-                self._since = time.monotonic()
+                self._since = began
             return usage
 
     def _resume(self) -> None:
@@ -94,11 +95,12 @@ class MemoryPause:
         if paused:
             new.hold()
             return None
+        began = time.monotonic()
         usage = new.stop_for_grant() if new.consume() else None
         if usage is None:
             new.release()
         else:
-            self._since = time.monotonic()
+            self._since = began
         return usage
 
     def grow(self, limit_bytes: int) -> None:

@@ -44,7 +44,7 @@ from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_text, 
 #: than the core's next growth (it at least doubles a grant), and the node's reserve absorbs it.
 SLACK_MIN_BYTES = 16 << 20
 SLACK_MAX_BYTES = 64 << 20
-FREEZE_WAIT_S = 1.0  # v1 freezing is asynchronous: how long to wait for FROZEN
+FREEZE_WAIT_S = 0.25  # v1 freezing is asynchronous: how long to wait for FROZEN (then: over)
 _RECLAIM_RETRIES = 3  # lowering the hard limit to the grant: tries before it counts as over
 
 
@@ -113,14 +113,19 @@ class V1GrantWatch:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._efd)
         # a threshold fires on crossings both ways: only being over it counts
-        return self.usage_bytes() >= self.grant_bytes or read_keyed(self._control).get("under_oom", 0) == 1
+        return self.usage_bytes() >= self.grant_bytes or self._under_oom()
 
     def stop_for_grant(self) -> int | None:
         self.hold()
-        if self._wait_frozen() and self._reclaim_to_grant():
+        # at the hard limit a faulting task waits in the kernel (it does not freeze there):
+        # over the grant for sure, and nothing to reclaim
+        if not self._under_oom() and self._wait_frozen() and self._reclaim_to_grant():
             self.release()
             return None
         return self.usage_bytes()
+
+    def _under_oom(self) -> bool:
+        return read_keyed(self._control).get("under_oom", 0) == 1
 
     def _slots(self) -> list[str]:
         try:
@@ -145,7 +150,7 @@ class V1GrantWatch:
                     states.append(read_text(os.path.join(path, "freezer.state")).strip())
             if all(s == "FROZEN" for s in states):
                 return True
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self._under_oom():
                 return False
             time.sleep(0.002)
 
