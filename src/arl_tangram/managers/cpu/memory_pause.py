@@ -73,8 +73,12 @@ class MemoryPause:
                 return None
             began = time.monotonic()  # the pause runs from the crossing, freezing included
             usage = watch.stop_for_grant()
-            if usage is not None:
-                self._since = began
+            if usage is None:
+                # it was cache, reclaimed: the kernel may have missed that downward crossing
+                # (its threshold checks are rate-limited) and then never signal the next
+                # upward one; a fresh registration starts from the usage now
+                return self._rearm(watch.grant_bytes, paused=False)
+            self._since = began
             return usage
 
     def _resume(self) -> None:

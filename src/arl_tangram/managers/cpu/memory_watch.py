@@ -5,8 +5,8 @@ v1 fails memory a system call charges (``write()`` into a tmpfs, a fork's kernel
 ENOMEM instead of pausing, so an action would die while the node has memory. The grant is a
 watched mark under a higher hard limit:
 
-* v1: the hard limit is the grant plus a bounded slack (``hard_limit_bytes``, at most the
-  env's limit) with ``oom_kill_disable 1``: a page fault that reaches it waits in the kernel.
+* v1: the hard limit stays the env's (``hard_limit_bytes``) with ``oom_kill_disable 1``: a
+  page fault that reaches it waits in the kernel, and the core ends it ``oom_killed``.
   An eventfd on ``cgroup.event_control`` is registered twice: a ``memory.usage_in_bytes``
   threshold at the grant, and ``memory.oom_control``. When usage crosses the grant,
   ``stop_for_grant`` freezes the sandbox's action slots, then tries to push usage back under
@@ -19,10 +19,12 @@ watched mark under a higher hard limit:
   The kernel holds the tasks itself, so nothing is frozen.
 
 Overshoot: the tasks run between the crossing and the freeze (the eventfd is checked every
-128 page events per cpu, then this thread must be scheduled), so usage may pass the grant by
-what they charge meanwhile, at most the slack. It is charged: the usage reported with the
-pause is what the core grows the grant from, and the node's measured free memory
-(``node_memory``) shows it until then; the node's reserve (``mem_reserve_bytes``) absorbs it.
+128 page events per cpu, then this thread must get the GIL), so usage passes the grant by
+what they charge meanwhile: the rate times that latency (measured: a 200 MiB tmpfs write
+paused 1-17 MiB over a 32 MiB grant), never more than the env's limit. It is charged: the
+usage reported with the pause is what the core grows the grant from, and the node's measured
+free memory (``node_memory``) shows it until then; the node's reserve (``mem_reserve_bytes``)
+absorbs it.
 """
 
 from __future__ import annotations
@@ -36,14 +38,13 @@ from typing import Protocol
 
 from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_text, write_text
 
-#: Above a v1 grant the hard limit leaves this much room (half the grant, within these
-#: bounds): at the hard limit a page fault waits in the kernel (``oom_kill_disable``, exact:
-#: a fast allocator outruns any freeze), a system call's charge fails. So the room only has
-#: to cover what a writer charges between the crossing and the freeze (measured ~1 MiB on an
-#: idle host for a tmpfs write; assumption: 16 MiB covers ~10 ms at 2 GB/s). It is no more
-#: than the core's next growth (it at least doubles a grant), and the node's reserve absorbs it.
-SLACK_MIN_BYTES = 16 << 20
-SLACK_MAX_BYTES = 64 << 20
+#: Room the v1 hard limit leaves above a grant; None: the env's own limit. Any hard limit
+#: a writer reaches before it is frozen fails its write (ENOMEM), and the freeze comes from
+#: a Python thread (the eventfd wakes it within microseconds, the GIL may take ~5 ms more):
+#: a 16 MiB room was outrun by ``head -c 200M /dev/zero > /tmp/x`` inside the runtime. So
+#: the hard limit stays the env's limit, where failing is right; 0 is the previous mechanism
+#: (a hard limit at the grant), kept to test what this replaces.
+HARD_LIMIT_ROOM_BYTES: int | None = None
 FREEZE_WAIT_S = 0.25  # v1 freezing is asynchronous: how long to wait for FROZEN (then: over)
 _RECLAIM_RETRIES = 3  # lowering the hard limit to the grant: tries before it counts as over
 
@@ -51,6 +52,8 @@ _RECLAIM_RETRIES = 3  # lowering the hard limit to the grant: tries before it co
 class MemoryWatch(Protocol):
     """One armed grant: made by ``CgroupDriver.open_memory_watch``; re-arming at a new
     grant is closing it and opening another. Called by one ``MemoryPause`` under its lock."""
+
+    grant_bytes: int
 
     def fileno(self) -> int: ...
 
@@ -156,7 +159,7 @@ class V1GrantWatch:
 
     def _reclaim_to_grant(self) -> bool:
         """Whether the kernel could bring usage under the grant (then the hard limit is the
-        slack's again). Only while every task is frozen: at a hard limit a charge fails."""
+        env's again). Only while every task is frozen: at a hard limit a charge fails."""
         ok = False
         for _ in range(_RECLAIM_RETRIES):
             try:
@@ -240,9 +243,9 @@ class V2HighWatch:
 
 
 def hard_limit_bytes(grant_bytes: int, ceiling_bytes: int) -> int:
-    """The v1 hard limit under which ``grant_bytes`` is watched (see ``SLACK_MIN_BYTES``)."""
-    slack = min(SLACK_MAX_BYTES, max(SLACK_MIN_BYTES, grant_bytes // 2))
-    return min(ceiling_bytes, grant_bytes + slack)
+    """The v1 hard limit under which ``grant_bytes`` is watched (``HARD_LIMIT_ROOM_BYTES``)."""
+    room = HARD_LIMIT_ROOM_BYTES
+    return ceiling_bytes if room is None else min(ceiling_bytes, grant_bytes + room)
 
 
 def wait_fired(watch: MemoryWatch, timeout_s: float) -> bool:
