@@ -37,3 +37,17 @@ async def test_memory_above_the_env_limit_is_a_spec_error(tg: AsyncClient) -> No
     with pytest.raises(SpecError, match="memory"):
         await env.exec("true", memory="1GiB")
     await env.release()
+
+
+@pytest.mark.parametrize("transport", ["embedded"])  # the mechanism, not the transport, is tested
+async def test_an_undeclared_run_writing_past_its_learned_grant_pauses_and_succeeds(tg: AsyncClient) -> None:
+    """Three tiny runs of a kind teach the core a grant of a few MiB; the next run of that
+    kind writes 200 MiB into its tmpfs /tmp, charged by write(): it pauses, grows and
+    succeeds (a hard limit at the grant failed that write with ENOMEM)."""
+    env = await tg.create_env(memory="512MiB", tmp="256MiB", workspace="16MiB")
+    for _ in range(3):
+        assert (await env.exec("true", kind="writer", timeout_s=30)).ok
+    r = await env.exec("head -c 200M /dev/zero > /tmp/big && echo wrote", kind="writer", timeout_s=60)
+    assert (r.outcome, r.stdout.strip()) == ("succeeded", "wrote"), (r.outcome, r.cause, r.stderr[-400:])
+    assert r.paused_s > 0 and r.queue_s >= r.paused_s  # it paused; paused time is queue time
+    await env.release()

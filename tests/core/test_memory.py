@@ -73,19 +73,9 @@ def test_undeclared_memory_is_the_env_limit_then_the_learned_peak() -> None:
         d.step([ActionFinished(f"a{i}", peak_mem_bytes=100 * MIB)])
     r = d.step([ActionSubmitted(_mem_action("b", "e0"))])
     (start,) = of_type(r.decisions, StartAction)
-    assert start.grant.mem_bytes == max(int(100 * MIB * memory.PEAK_MARGIN), 100 * MIB + memory.LEARNED_HEADROOM_BYTES)
+    assert start.grant.mem_bytes == int(100 * MIB * memory.PEAK_MARGIN)
 
 
-def test_a_grant_learned_from_tiny_peaks_keeps_headroom() -> None:
-    # Near its cgroup limit the kernel fails a fork with ENOMEM rather than pausing it: a
-    # kind whose runs peaked at 2 MiB is not granted 2.5 MiB.
-    d = _driver()
-    d.add_ready_env(make_env("e0", mem_bytes=2 * GIB))
-    for i in range(memory.PEAK_MIN_SAMPLES):
-        d.step([ActionSubmitted(_mem_action(f"a{i}", "e0"))])
-        d.step([ActionFinished(f"a{i}", peak_mem_bytes=2 * MIB)])
-    (start,) = of_type(d.step([ActionSubmitted(_mem_action("b", "e0"))]).decisions, StartAction)
-    assert start.grant.mem_bytes == 2 * MIB + memory.LEARNED_HEADROOM_BYTES
 
 
 def test_memory_above_the_env_limit_is_rejected_naming_memory() -> None:

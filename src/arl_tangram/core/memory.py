@@ -40,11 +40,8 @@ PEAK_MIN_SAMPLES = 3  # a kind seen fewer times is charged its env's limit
 PEAK_QUANTILE = 0.95  # of the peaks seen: the demand learned per kind (like T_ori)
 PEAK_MARGIN = 1.25  # over the quantile: tails beyond it pause and grow rather than fail
 GROW_STEP_BYTES = 64 * MIB  # the least a pause grows a grant by
-# The least headroom a learned grant leaves above the peaks seen: near its cgroup limit the
-# kernel fails some allocations (a fork's kernel stack, page tables) with ENOMEM instead of
-# pausing, so a grant learned from tiny commands must not sit at their exact peak (found by
-# the E2B face's tests: `bash: fork: Cannot allocate memory` under a 5 MiB learned grant).
-LEARNED_HEADROOM_BYTES = 32 * MIB
+# No headroom above the learned peaks: an action over its grant pauses and grows (a kernel
+# allocation or a tmpfs write included, ``managers.cpu.memory_watch``), it never fails there.
 
 
 def footprint_prior(spec: EnvSpec) -> int:
@@ -90,14 +87,13 @@ def observe_peak(ed: StateEditor, kind: str, peak_bytes: int | None) -> None:
 
 
 def learned_peak(ed: StateEditor, kind: str) -> int | None:
-    """The learned demand of ``kind``: its peaks' ``PEAK_QUANTILE`` times ``PEAK_MARGIN``,
-    and at least ``LEARNED_HEADROOM_BYTES`` above that quantile."""
+    """The learned demand of ``kind``: its peaks' ``PEAK_QUANTILE`` times ``PEAK_MARGIN``."""
     peaks = ed.mem_peaks.get(kind, ())
     if len(peaks) < PEAK_MIN_SAMPLES:
         return None
     ordered = sorted(peaks)
     q = ordered[min(len(ordered) - 1, int(PEAK_QUANTILE * len(ordered)))]
-    return max(int(q * PEAK_MARGIN), q + LEARNED_HEADROOM_BYTES)
+    return int(q * PEAK_MARGIN)
 
 
 def env_grants(ed: StateEditor, env_id: str, excluding: str | None = None) -> int:

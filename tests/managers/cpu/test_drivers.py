@@ -131,25 +131,32 @@ def test_v2_driver_refuses_without_delegated_controllers(tmp_path: Path) -> None
 
 
 def test_v2_driver_memory_per_action(fake_v2: Path) -> None:
-    """Pause-and-grow on v2 (as far as a fake tree shows it): the grant is ``memory.high``
-    under the env's ``memory.max``; a rise of ``memory.events``' ``high`` count is a pause;
-    ending it as an OOM kill drops ``memory.max`` to the grant; the footprint is anon + shmem."""
+    """Pause-and-grow on v2 (as far as a fake tree shows it), the same protocol as v1's: the
+    grant is armed softly as ``memory.high`` under the env's ``memory.max`` (the kernel
+    throttles, never fails a charge, so nothing is frozen); a rise of ``memory.events``'
+    ``high`` count is a pause, reported with ``memory.current``; ending it as an OOM kill
+    drops ``memory.max`` to the grant, and closing the watch gives the env its limit back;
+    the footprint is anon + shmem."""
     drv = CgroupV2Driver(str(fake_v2), "arl-tangram-t")
     drv.create_root()
     drv.create_sandbox("sb-1", 256 << 20, 100, [0])
     sb = fake_v2 / "arl-tangram-t" / "sb-1"
     (sb / "memory.events").write_text("low 0\nhigh 2\nmax 0\noom 0\noom_kill 0\n")
-    drv.set_memory_limit("sb-1", 48 << 20)
-    assert (sb / "memory.high").read_text() == str(48 << 20)
-    assert (sb / "memory.max").read_text() == str(256 << 20)
-    watch = drv.open_memory_watch("sb-1")
+    (sb / "memory.current").write_text(f"{50 << 20}\n")
+    watch = drv.open_memory_watch("sb-1", 48 << 20, 256 << 20)
     try:
+        assert (sb / "memory.high").read_text() == str(48 << 20)
+        assert (sb / "memory.max").read_text() == str(256 << 20)
         assert not watch.consume()  # no new throttling since it opened
         (sb / "memory.events").write_text("low 0\nhigh 5\nmax 0\noom 0\noom_kill 0\n")
         assert watch.consume() and not watch.consume()
+        assert watch.stop_for_grant() == 50 << 20
+        watch.end_as_oom()
+        assert (sb / "memory.max").read_text() == str(48 << 20)
     finally:
         watch.close()
-    drv.set_memory_pause("sb-1", False)
-    assert (sb / "memory.max").read_text() == str(48 << 20)
+    assert (sb / "memory.max").read_text() == str(256 << 20)
+    drv.set_memory_pause("sb-1", False)  # nothing to switch on v2
+    assert (sb / "memory.max").read_text() == str(256 << 20)
     (sb / "memory.stat").write_text("anon 1000\nfile 99999\nshmem 24\n")
     assert drv.sandbox_footprint_bytes("sb-1") == 1024

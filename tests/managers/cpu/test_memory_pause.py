@@ -1,15 +1,21 @@
 """Memory per action on real cgroups (v1 here): an action over its grant pauses instead of
-dying and resumes when memory is granted; past its env's limit it ends ``oom_killed`` and
-the env works again; paused time never counts against its timeout; a leaked tmpfs file
-shows in the env's footprint. The test plays the controller (grow or kill on a pause).
+dying and resumes when memory is granted, whether it faults memory in or writes a tmpfs
+(a charge a hard limit at the grant would fail with ENOMEM); past its env's limit it ends
+``oom_killed`` and the env works again; paused time never counts against its timeout; a
+leaked tmpfs file shows in the env's footprint. The test plays the controller (grow or kill
+on a pause).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pytest
+
+from arl_tangram.managers.cpu import memory_watch
+from arl_tangram.managers.cpu.config import SandboxSpec
 from arl_tangram.managers.cpu.manager import CpuManager
 from tests.managers.cpu.conftest import needs_root
 
@@ -18,6 +24,17 @@ pytestmark = needs_root
 MIB = 1 << 20
 # allocates and touches ~100 MiB (a bytes object is filled as it is made)
 HOG = "python3 -c \"b = b'x' * (100 << 20); print('ok', len(b) >> 20)\""
+# writes 200 MiB of file data into the sandbox's tmpfs /tmp: charged by write(), not a fault
+WRITER = "head -c 200M /dev/zero > /tmp/big && echo wrote"
+ROOMY = SandboxSpec(mem_bytes=512 * MIB, pids_max=128, workspace_bytes=16 * MIB, tmp_bytes=256 * MIB)
+
+
+@pytest.fixture
+def roomy(manager: CpuManager) -> Iterator[str]:
+    """A sandbox whose /tmp and limit hold the writer's 200 MiB."""
+    sid = manager.create_sandbox(ROOMY)
+    yield sid
+    manager.destroy_sandbox(sid)
 
 
 def _controller(after_s: float, act: Callable[[], object]) -> tuple[Callable[[int], None], list[int]]:
@@ -72,3 +89,23 @@ def test_a_leaked_tmpfs_file_grows_the_env_footprint(manager: CpuManager, sandbo
     while manager.footprint_bytes(sandbox) < before + 24 * MIB and time.monotonic() < deadline:
         time.sleep(0.1)
     assert manager.footprint_bytes(sandbox) >= before + 24 * MIB
+
+
+def test_a_tmpfs_write_over_its_grant_pauses_and_grows_instead_of_failing(manager: CpuManager, roomy: str) -> None:
+    on_paused, seen = _controller(0.2, lambda: manager.grow_memory(roomy, 400 * MIB))
+    res = manager.exec(roomy, WRITER, mem_limit_bytes=32 * MIB, on_memory_paused=on_paused, timeout_s=30)
+    assert res.outcome == "succeeded" and res.stdout_text.strip() == "wrote", (res.outcome, res.stderr_text[-400:])
+    assert seen and 32 * MIB <= seen[0] <= 160 * MIB  # paused over its 32 MiB grant, by a bounded overshoot
+    assert res.paused_s >= 0.15
+
+
+def test_at_a_hard_limit_at_its_grant_the_same_write_fails_with_enomem(
+    manager: CpuManager, roomy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """What the soft grant replaces: with no room the hard limit is the grant (the previous
+    mechanism: pause at it, OOM killer off), and the write fails with ENOMEM although the
+    controller grows every pause and the env's limit has room."""
+    monkeypatch.setattr(memory_watch, "HARD_LIMIT_ROOM_BYTES", 0)
+    on_paused, _ = _controller(0.2, lambda: manager.grow_memory(roomy, 400 * MIB))
+    res = manager.exec(roomy, WRITER, mem_limit_bytes=32 * MIB, on_memory_paused=on_paused, timeout_s=30)
+    assert res.outcome == "failed" and "Cannot allocate memory" in res.stderr_text, (res.outcome, res.stderr_text[-400:])

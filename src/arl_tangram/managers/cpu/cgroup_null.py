@@ -72,7 +72,7 @@ class NullCgroupDriver:
     def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None: ...
     def set_memory_pause(self, sandbox: str, on: bool) -> None: ...
 
-    def open_memory_watch(self, sandbox: str) -> None:
+    def open_memory_watch(self, sandbox: str, grant_bytes: int, ceiling_bytes: int) -> None:
         return None  # unisolated: nothing is limited, nothing pauses
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int:

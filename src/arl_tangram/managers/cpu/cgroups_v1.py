@@ -30,7 +30,7 @@ from arl_tangram.managers.cpu.cgroup_fs import (
 )
 from arl_tangram.managers.cpu.cgroup_kill import kill_frozen
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
-from arl_tangram.managers.cpu.memory_watch import V1OomWatch
+from arl_tangram.managers.cpu.memory_watch import V1GrantWatch
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
 _SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer")
@@ -174,8 +174,9 @@ class CgroupV1Driver:
 
     # -- memory per action (memory_watch) -----------------------------------------------
     def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None:
-        """The sandbox's limit for a running action's life: footprint + grants (v1 keeps
-        one limit; the env's own ceiling is the core's to respect)."""
+        """The sandbox's hard limit: its own ceiling, or footprint + grants for a run
+        without pause-and-grow (``memory_pause = false``: over it the kernel OOM-kills, and
+        fails a tmpfs write with ENOMEM)."""
         write_text(self._path("memory", sandbox, "memory.limit_in_bytes"), str(limit_bytes))
 
     def set_memory_pause(self, sandbox: str, on: bool) -> None:
@@ -183,8 +184,10 @@ class CgroupV1Driver:
         it off while they wait is how an action is ended ``oom_killed``)."""
         write_text(self._path("memory", sandbox, "memory.oom_control"), "1" if on else "0")
 
-    def open_memory_watch(self, sandbox: str) -> V1OomWatch:
-        return V1OomWatch(self._path("memory", sandbox))
+    def open_memory_watch(self, sandbox: str, grant_bytes: int, ceiling_bytes: int) -> V1GrantWatch:
+        """Arm a grant softly: the hard limit at ``ceiling_bytes``, a usage threshold at
+        ``grant_bytes`` over which the action slots are frozen (``memory_watch``)."""
+        return V1GrantWatch(self._path("memory", sandbox), self._path("freezer", sandbox), INIT_SLOT, grant_bytes, ceiling_bytes)
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
         """What the sandbox holds that reclaim cannot take back: resident anonymous memory and
@@ -250,6 +253,12 @@ class CgroupV1Driver:
 
         def freeze(on: bool) -> None:
             write_text(os.path.join(base, "freezer.state"), "FROZEN" if on else "THAWED")
+            if not on and len(parts) == 1:
+                # a slot a memory pause froze keeps its tasks frozen (and unkillable) under a
+                # thawed sandbox: thaw the slots too, so that what was signalled exits
+                for slot in _subdirs(base):
+                    with contextlib.suppress(FileNotFoundError):
+                        write_text(os.path.join(slot, "freezer.state"), "THAWED")
 
         return kill_frozen(lambda: self._tids(base), freeze, unlimit, spare_host=spare_host)
 

@@ -149,19 +149,16 @@ class CgroupV2Driver:
 
     # -- memory per action (memory_watch) -----------------------------------------------
     def set_memory_limit(self, sandbox: str, limit_bytes: int) -> None:
-        """A running action's grant as ``memory.high`` (throttled over it, never killed);
-        ``memory.max`` stays the env's limit."""
+        """A run's grant as ``memory.high`` (throttled over it, never failed); ``memory.max``
+        stays the env's limit. The env's own limit when its runs end."""
         write_text(self._path(sandbox, "memory.high"), str(limit_bytes))
 
     def set_memory_pause(self, sandbox: str, on: bool) -> None:
-        """Off ends the pause as an OOM kill: ``memory.max`` drops to ``memory.high`` (the
-        kernel OOM-kills what does not fit); on restores nothing (``set_limits`` does)."""
-        if not on:
-            high = read_text(self._path(sandbox, "memory.high")).strip()
-            write_text(self._path(sandbox, "memory.max"), high)
+        """Nothing to switch on v2: ``memory.high`` throttles instead of killing, and a pause
+        ends as an OOM kill through its watch (``V2HighWatch.end_as_oom``)."""
 
-    def open_memory_watch(self, sandbox: str) -> V2HighWatch:
-        return V2HighWatch(self._path(sandbox))
+    def open_memory_watch(self, sandbox: str, grant_bytes: int, ceiling_bytes: int) -> V2HighWatch:
+        return V2HighWatch(self._path(sandbox), grant_bytes, ceiling_bytes)
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
         stat = read_keyed(self._path(sandbox, "memory.stat"))

@@ -417,8 +417,9 @@ class CpuManager:
 
         Memory per action: ``mem_limit_bytes`` is the env's memory limit for the run (its
         footprint + grants, at most its own limit); with ``on_memory_paused(usage_bytes)``
-        the run pauses over it instead of being OOM-killed, until ``grow_memory`` or
-        ``oom_kill`` (``memory_pause``). The result reports ``paused_s`` and the env's
+        it is a soft mark under the env's own hard limit: over it the run pauses (no charge,
+        a tmpfs write included, fails under the env's limit) until ``grow_memory`` or
+        ``oom_kill`` (``memory_pause``); without, a hard limit (OOM-killed over it). The result reports ``paused_s`` and the env's
         footprint after the run."""
         argv = validate_command(command)
         g = grant_request(self.topology, millicores=millicores, numa_millicores=numa_millicores, cores=cores, dop=dop)
@@ -442,7 +443,10 @@ class CpuManager:
                 if handle is not None:
                     handle.attach(sb, slot, req.timeout_s)
                 if mem_limit_bytes is not None:
-                    pause = self.memory.open(sandbox_id, sb.group, self._mem_limit(sandbox_id, mem_limit_bytes), on_memory_paused)
+                    pause = self.memory.open(
+                        sandbox_id, sb.group, self._mem_limit(sandbox_id, mem_limit_bytes), self._mem_limit(sandbox_id, None),
+                        on_memory_paused,
+                    )  # fmt: skip
                 run_req = ActionRequest(**{**req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None})
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:

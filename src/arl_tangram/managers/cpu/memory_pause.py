@@ -1,72 +1,142 @@
-"""Shell: pause-and-grow for one running action (issue 21): its memory grant on the env's
-cgroup, the watch that learns it is stuck at that limit, and the pause clock.
+"""Shell: pause-and-grow for one running action (issue 21): its memory grant armed on the
+env's cgroup, the watch that learns it is over it, and the pause clock.
 
 Who calls: ``CpuManager.exec`` opens one per action run with a memory grant and a pause
-callback, ``grow`` / ``oom_kill`` come from the controller's decisions (other threads), and
-``close`` ends it when the action ends. Over its grant the action's tasks wait in the kernel
-(v1 ``oom_kill_disable``; v2 ``memory.high`` throttles): ``on_paused(usage_bytes)`` is
-called once per pause, from the watch thread, and the caller reports it to the core, which
-answers ``grow`` (the pause ends) or ``oom_kill`` (the kernel's OOM killer ends the action:
-outcome ``oom_killed``). Paused time is measured here: it is queue time, and it pushes the
-action's timeout back (``paused_s``).
+callback, ``grow`` / ``oom_kill`` / ``retarget`` come from the controller's decisions (other
+threads), and ``close`` ends it when the action ends.
+
+The grant is soft (``memory_watch``): the env's hard limit stays its own, so no charge fails
+under it (a ``write()`` into a tmpfs included), and over the grant the action's tasks are
+held (v1: frozen; v2: throttled by ``memory.high``). ``on_paused(usage_bytes)`` is called
+once per pause, from the watch thread, and the caller reports it to the core, which answers
+``grow`` (re-armed at the new grant; the pause ends, or at once begins again when usage
+already passed the new grant too) or ``oom_kill`` (the grant becomes a hard limit with the
+kernel's OOM killer on: outcome ``oom_killed``). Paused time is measured here: it is queue
+time, and it pushes the action's timeout back (``paused_s``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
-from arl_tangram.managers.cpu.memory_watch import wait_fired
+from arl_tangram.managers.cpu.memory_watch import MemoryWatch, wait_fired
 
+log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often the watch thread looks at its stop flag
 
 
 class MemoryPause:
-    def __init__(self, driver: CgroupDriver, group: str, limit_bytes: int, on_paused: Callable[[int], None]) -> None:
+    def __init__(
+        self, driver: CgroupDriver, group: str, limit_bytes: int, ceiling_bytes: int, on_paused: Callable[[int], None]
+    ) -> None:  # fmt: skip
         self._driver, self._group, self._on_paused = driver, group, on_paused
+        self._ceiling = ceiling_bytes
         self._lock = threading.Lock()
         self._since: float | None = None
         self._total_s = 0.0
+        self._killed = False  # the kernel's OOM killer decides from now on
+        self._recheck = True  # a fresh grant: usage may already be over it (no crossing fires)
         self._stop = threading.Event()
-        driver.set_memory_limit(group, limit_bytes)
-        driver.set_memory_pause(group, True)
-        self._watch = driver.open_memory_watch(group)
+        self._watch: MemoryWatch | None = driver.open_memory_watch(group, limit_bytes, ceiling_bytes)
         self._thread = threading.Thread(target=self._loop, name=f"tangram-mem-{group}", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        watch = self._watch
-        if watch is None:
-            return
         while not self._stop.is_set():
-            if not wait_fired(watch, POLL_S) or not watch.consume():
-                continue
-            with self._lock:
-                fresh = self._since is None
-                if fresh:
-                    self._since = time.monotonic()
-            if fresh:
+            watch = self._watch
+            if watch is None:
+                return
+            fired = wait_fired(watch, POLL_S)
+            try:
+                usage = self._check(watch, fired)
+            except OSError:  # the sandbox went away under a destroy: its run is ending
+                log.debug("memory watch of %s: group gone", self._group, exc_info=True)
+                return
+            if usage is not None:
                 with contextlib.suppress(OSError):
-                    self._on_paused(self._driver.sandbox_memory_bytes(self._group))
+                    self._on_paused(usage)
+
+    def _check(self, watch: MemoryWatch, fired: bool) -> int | None:
+        """The usage to report when a pause begins now, else None."""
+        with self._lock:
+            if watch is not self._watch or self._killed or self._stop.is_set():
+                return None
+            if not (fired or self._recheck):
+                return None
+            self._recheck = False
+            if not watch.consume() or self._since is not None:
+                return None
+            began = time.monotonic()  # the pause runs from the crossing, freezing included
+            usage = watch.stop_for_grant()
+            if usage is None:
+                # it was cache, reclaimed: the kernel may have missed that downward crossing
+                # (its threshold checks are rate-limited) and then never signal the next
+                # upward one; a fresh registration starts from the usage now
+                return self._rearm(watch.grant_bytes, paused=False)
+            self._since = began
+            return usage
 
     def _resume(self) -> None:
-        with self._lock:
-            if self._since is not None:
-                self._total_s += time.monotonic() - self._since
-                self._since = None
+        if self._since is not None:
+            self._total_s += time.monotonic() - self._since
+            self._since = None
+
+    def _rearm(self, limit_bytes: int, paused: bool) -> int | None:
+        """Arm ``limit_bytes`` in place of the current grant (lock held). A run still paused
+        stays held; else it is held again when usage already passed the new grant (no
+        crossing will fire): then its usage is returned, to report a new pause."""
+        new = self._driver.open_memory_watch(self._group, limit_bytes, self._ceiling)
+        old, self._watch = self._watch, new
+        if old is not None:
+            old.close()  # what it held stays held until the new watch decides
+        if new is None:
+            return None
+        if paused:
+            new.hold()
+            return None
+        began = time.monotonic()
+        usage = new.stop_for_grant() if new.consume() else None
+        if usage is None:
+            new.release()
+        else:
+            self._since = began
+        return usage
 
     def grow(self, limit_bytes: int) -> None:
-        """Raise the env's limit (the kernel wakes the waiting tasks); ends the pause."""
-        self._driver.set_memory_limit(self._group, limit_bytes)
-        self._resume()
+        """The core grew the grant: re-arm at ``limit_bytes`` and end the pause (a new one
+        is reported at once when usage already passed the new grant too)."""
+        with self._lock:
+            if self._killed:
+                return
+            self._resume()
+            usage = self._rearm(limit_bytes, paused=False)
+        if usage is not None:
+            with contextlib.suppress(OSError):
+                self._on_paused(usage)
+
+    def retarget(self, limit_bytes: int) -> None:
+        """A sibling run started: the env's grants moved; a pause goes on waiting for the
+        core's answer."""
+        with self._lock:
+            if self._killed:
+                return
+            usage = self._rearm(limit_bytes, paused=self._since is not None)
+        if usage is not None:
+            with contextlib.suppress(OSError):
+                self._on_paused(usage)
 
     def oom_kill(self) -> None:
-        """Let the kernel's OOM killer end what is over the limit."""
-        self._driver.set_memory_pause(self._group, False)
-        self._resume()
+        """Let the kernel's OOM killer end what is over the grant."""
+        with self._lock:
+            self._killed = True
+            if self._watch is not None:
+                self._watch.end_as_oom()
+            self._resume()
 
     def paused_s(self) -> float:
         """Paused time so far (seconds), the current pause included."""
@@ -75,13 +145,17 @@ class MemoryPause:
             return self._total_s + ongoing
 
     def close(self, ceiling_bytes: int) -> float:
-        """Stop watching, give the env its own limit back (its idle footprint is measured
-        against it) with the kernel's OOM killer on; returns the paused time."""
+        """Stop watching, release what is held, give the env its own limit back (its idle
+        footprint is measured against it) with the kernel's OOM killer on; returns the
+        paused time."""
         self._stop.set()
         self._thread.join()
-        if self._watch is not None:
-            self._watch.close()
-        self._resume()
+        with self._lock:
+            if self._watch is not None:
+                with contextlib.suppress(OSError):
+                    self._watch.release()
+                self._watch.close()
+            self._resume()
         with contextlib.suppress(OSError):
             self._driver.set_memory_pause(self._group, False)
             self._driver.set_memory_limit(self._group, ceiling_bytes)
@@ -90,22 +164,28 @@ class MemoryPause:
 
 class MemoryPauses:
     """The open ``MemoryPause`` of each sandbox (one at a time: concurrent actions of one
-    env share its cgroup limit, so the first one's watch reports for the env and a later
-    one only moves the limit to what the core computed for all of them)."""
+    env share its cgroup, so the first one's watch reports for the env and a later one only
+    moves its grant to what the core computed for all of them)."""
 
     def __init__(self, driver: CgroupDriver) -> None:
         self._driver = driver
         self._lock = threading.Lock()
         self._open: dict[str, MemoryPause] = {}
 
-    def open(self, sandbox_id: str, group: str, limit_bytes: int, on_paused: Callable[[int], None] | None) -> MemoryPause | None:
-        """Apply ``limit_bytes`` for an action's life; with ``on_paused``, pause over it
-        (else the kernel OOM-kills over it: pause-and-grow off)."""
+    def open(
+        self, sandbox_id: str, group: str, limit_bytes: int, ceiling_bytes: int, on_paused: Callable[[int], None] | None
+    ) -> MemoryPause | None:  # fmt: skip
+        """Apply ``limit_bytes`` for an action's life: with ``on_paused``, softly (pause
+        over it); else as a hard limit (the kernel OOM-kills over it: pause-and-grow off)."""
         with self._lock:
-            if on_paused is None or sandbox_id in self._open:
+            pause = self._open.get(sandbox_id)
+            if pause is not None:
+                pause.retarget(limit_bytes)
+                return None
+            if on_paused is None:
                 self._driver.set_memory_limit(group, limit_bytes)
                 return None
-            pause = MemoryPause(self._driver, group, limit_bytes, on_paused)
+            pause = MemoryPause(self._driver, group, limit_bytes, ceiling_bytes, on_paused)
             self._open[sandbox_id] = pause
             return pause
 

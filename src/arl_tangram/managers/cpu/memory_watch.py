@@ -1,42 +1,107 @@
-"""Shell: learning that a sandbox is stuck at its memory limit (pause-and-grow, issue 21).
+"""Shell: enforcing a running action's memory grant softly (pause-and-grow, issue 21).
 
-One watch per running action that has a memory grant. v1: ``memory.oom_control`` with
-``oom_kill_disable 1`` parks the tasks in the kernel at the limit instead of killing them,
-and an eventfd registered on ``cgroup.event_control`` fires when that happens. v2:
-``memory.high`` throttles (reclaim, then sleep) over the grant while ``memory.max`` stays the
-env's limit; ``memory.events`` is pollable (``POLLPRI``) and its ``high`` count rises.
-Both give a pollable fd and ``consume()``: whether the sandbox is stuck now.
+The grant is never the hard cgroup limit while pause-and-grow is on: at a hard limit cgroup
+v1 fails memory a system call charges (``write()`` into a tmpfs, a fork's kernel stack) with
+ENOMEM instead of pausing, so an action would die while the node has memory. The grant is a
+watched mark under a higher hard limit:
+
+* v1: the hard limit stays the env's (``hard_limit_bytes``) with ``oom_kill_disable 1``: a
+  page fault that reaches it waits in the kernel, and the core ends it ``oom_killed``.
+  An eventfd on ``cgroup.event_control`` is registered twice: a ``memory.usage_in_bytes``
+  threshold at the grant, and ``memory.oom_control``. When usage crosses the grant,
+  ``stop_for_grant`` freezes the sandbox's action slots, then tries to push usage back under
+  the grant by lowering the hard limit to it for an instant (the kernel reclaims page cache;
+  nothing charges while frozen): if that works the usage was cache and the tasks are thawed
+  at once; if not (``EBUSY``: anon or tmpfs pages) the action is over its grant and stays
+  frozen while the core decides.
+* v2: ``memory.high`` at the grant throttles (reclaim, then sleep) and never fails a
+  charge; ``memory.max`` stays the env's limit; ``memory.events`` (``POLLPRI``) counts it.
+  The kernel holds the tasks itself, so nothing is frozen.
+
+Overshoot: the tasks run between the crossing and the freeze (the eventfd is checked every
+128 page events per cpu, then this thread must get the GIL), so usage passes the grant by
+what they charge meanwhile: the rate times that latency (measured: a 200 MiB tmpfs write
+paused 1-17 MiB over a 32 MiB grant), never more than the env's limit. It is charged: the
+usage reported with the pause is what the core grows the grant from, and the node's measured
+free memory (``node_memory``) shows it until then; the node's reserve (``mem_reserve_bytes``)
+absorbs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
+import time
 from typing import Protocol
 
-from arl_tangram.managers.cpu.cgroup_fs import read_keyed, write_text
+from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_text, write_text
+
+#: Room the v1 hard limit leaves above a grant; None: the env's own limit. Any hard limit
+#: a writer reaches before it is frozen fails its write (ENOMEM), and the freeze comes from
+#: a Python thread (the eventfd wakes it within microseconds, the GIL may take ~5 ms more):
+#: a 16 MiB room was outrun by ``head -c 200M /dev/zero > /tmp/x`` inside the runtime. So
+#: the hard limit stays the env's limit, where failing is right; 0 is the previous mechanism
+#: (a hard limit at the grant), kept to test what this replaces.
+HARD_LIMIT_ROOM_BYTES: int | None = None
+FREEZE_WAIT_S = 0.25  # v1 freezing is asynchronous: how long to wait for FROZEN (then: over)
+_RECLAIM_RETRIES = 3  # lowering the hard limit to the grant: tries before it counts as over
 
 
 class MemoryWatch(Protocol):
+    """One armed grant: made by ``CgroupDriver.open_memory_watch``; re-arming at a new
+    grant is closing it and opening another. Called by one ``MemoryPause`` under its lock."""
+
+    grant_bytes: int
+
     def fileno(self) -> int: ...
 
     def consume(self) -> bool:
-        """Clear the pending notification; True when the sandbox is at its limit now."""
+        """Clear the pending notification; True when the sandbox may be over its grant now."""
+        ...
+
+    def hold(self) -> None:
+        """Hold the sandbox's tasks (idempotent; v2: the kernel throttles them already)."""
+        ...
+
+    def stop_for_grant(self) -> int | None:
+        """Hold the sandbox's tasks and return its usage when it is over its grant, or None
+        (tasks released) when it is not after all (it was reclaimable cache)."""
+        ...
+
+    def release(self) -> None:
+        """Let the held tasks run again (idempotent)."""
+        ...
+
+    def end_as_oom(self) -> None:
+        """Make the grant a hard limit with the kernel's OOM killer on, and release: what is
+        over it is ended as an OOM kill (or, for a write into a tmpfs, fails with ENOMEM)."""
         ...
 
     def close(self) -> None: ...
 
 
-class V1OomWatch:
-    """An eventfd on ``memory_dir``'s ``memory.oom_control`` (v1)."""
+class V1GrantWatch:
+    """The v1 watch of a grant (see the module docstring). ``slots_dir`` is the sandbox's
+    freezer group; every slot under it but ``keep_slot`` (the init) is frozen on a pause."""
 
-    def __init__(self, memory_dir: str) -> None:
+    def __init__(self, memory_dir: str, slots_dir: str, keep_slot: str, grant_bytes: int, ceiling_bytes: int) -> None:
+        self._dir, self._slots_dir, self._keep = memory_dir, slots_dir, keep_slot
+        self.grant_bytes, self._hard = grant_bytes, hard_limit_bytes(grant_bytes, ceiling_bytes)
+        self._usage = os.path.join(memory_dir, "memory.usage_in_bytes")
         self._control = os.path.join(memory_dir, "memory.oom_control")
+        self._fds: list[int] = []
         self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._cfd = os.open(self._control, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            write_text(os.path.join(memory_dir, "cgroup.event_control"), f"{self._efd} {self._cfd}")
+            self._set_limit(self._hard)
+            write_text(self._control, "1")
+            events = os.path.join(memory_dir, "cgroup.event_control")
+            if grant_bytes < self._hard:  # at the env's limit only the OOM event counts
+                self._fds.append(os.open(self._usage, os.O_RDONLY | os.O_CLOEXEC))
+                write_text(events, f"{self._efd} {self._fds[-1]} {grant_bytes}")
+            self._fds.append(os.open(self._control, os.O_RDONLY | os.O_CLOEXEC))
+            write_text(events, f"{self._efd} {self._fds[-1]}")
         except OSError:
             self.close()
             raise
@@ -44,25 +109,107 @@ class V1OomWatch:
     def fileno(self) -> int:
         return self._efd
 
+    def usage_bytes(self) -> int:
+        return read_int(self._usage)
+
     def consume(self) -> bool:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._efd)
+        # a threshold fires on crossings both ways: only being over it counts
+        return self.usage_bytes() >= self.grant_bytes or self._under_oom()
+
+    def stop_for_grant(self) -> int | None:
+        self.hold()
+        # at the hard limit a faulting task waits in the kernel (it does not freeze there):
+        # over the grant for sure, and nothing to reclaim
+        if not self._under_oom() and self._wait_frozen() and self._reclaim_to_grant():
+            self.release()
+            return None
+        return self.usage_bytes()
+
+    def _under_oom(self) -> bool:
         return read_keyed(self._control).get("under_oom", 0) == 1
 
+    def _slots(self) -> list[str]:
+        try:
+            return [e.path for e in os.scandir(self._slots_dir) if e.is_dir() and e.name != self._keep]
+        except FileNotFoundError:
+            return []
+
+    def _set_slots(self, state: str) -> None:
+        for path in self._slots():
+            with contextlib.suppress(FileNotFoundError):
+                write_text(os.path.join(path, "freezer.state"), state)
+
+    def hold(self) -> None:
+        self._set_slots("FROZEN")
+
+    def _wait_frozen(self) -> bool:
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while True:
+            states = []
+            for path in self._slots():
+                with contextlib.suppress(FileNotFoundError):
+                    states.append(read_text(os.path.join(path, "freezer.state")).strip())
+            if all(s == "FROZEN" for s in states):
+                return True
+            if time.monotonic() > deadline or self._under_oom():
+                return False
+            time.sleep(0.002)
+
+    def _reclaim_to_grant(self) -> bool:
+        """Whether the kernel could bring usage under the grant (then the hard limit is the
+        env's again). Only while every task is frozen: at a hard limit a charge fails."""
+        ok = False
+        for _ in range(_RECLAIM_RETRIES):
+            try:
+                self._set_limit(self.grant_bytes)
+                ok = True
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+        self._set_limit(self._hard)
+        return ok
+
+    def _set_limit(self, limit_bytes: int) -> None:
+        write_text(os.path.join(self._dir, "memory.limit_in_bytes"), str(limit_bytes))
+
+    def release(self) -> None:
+        self._set_slots("THAWED")
+
+    def end_as_oom(self) -> None:
+        # at least its usage now (v1 refuses a limit under usage it cannot reclaim)
+        for limit in (self.grant_bytes, self.usage_bytes() + (1 << 20)):
+            try:
+                self._set_limit(min(limit, self._hard))
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+        write_text(self._control, "0")
+        self.release()
+
     def close(self) -> None:
-        for fd in (self._efd, self._cfd):
+        """Unregister (closing the eventfd does); what is held and the limit are the caller's
+        (a re-armed watch holds on where this one stops)."""
+        for fd in (self._efd, *self._fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._fds = []
 
 
 class V2HighWatch:
-    """``memory.events`` of ``group_dir`` polled for ``POLLPRI`` (v2): stuck when its
-    ``high`` count rose since the last look."""
+    """``memory.high`` of ``group_dir`` at the grant, ``memory.events`` polled for
+    ``POLLPRI``: over its grant when the ``high`` count rose since the last look."""
 
-    def __init__(self, group_dir: str) -> None:
+    def __init__(self, group_dir: str, grant_bytes: int, ceiling_bytes: int) -> None:
+        self._dir, self.grant_bytes, self._ceiling = group_dir, grant_bytes, ceiling_bytes
+        write_text(os.path.join(group_dir, "memory.high"), str(grant_bytes))
         self._events = os.path.join(group_dir, "memory.events")
         self._fd = os.open(self._events, os.O_RDONLY | os.O_CLOEXEC)
         self._high = read_keyed(self._events).get("high", 0)
+        self._lowered = False
 
     def fileno(self) -> int:
         return self._fd
@@ -74,9 +221,31 @@ class V2HighWatch:
         rose, self._high = high > self._high, high
         return rose
 
+    def hold(self) -> None:
+        """Nothing is frozen on v2: ``memory.high`` throttles (raising it ends that)."""
+
+    def stop_for_grant(self) -> int | None:
+        return read_int(os.path.join(self._dir, "memory.current"))
+
+    def release(self) -> None:
+        """As ``hold``: nothing to do."""
+
+    def end_as_oom(self) -> None:
+        write_text(os.path.join(self._dir, "memory.max"), str(self.grant_bytes))
+        self._lowered = True
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._fd)
+        if self._lowered:  # the env's own limit again after an OOM kill
+            with contextlib.suppress(OSError):
+                write_text(os.path.join(self._dir, "memory.max"), str(self._ceiling))
+
+
+def hard_limit_bytes(grant_bytes: int, ceiling_bytes: int) -> int:
+    """The v1 hard limit under which ``grant_bytes`` is watched (``HARD_LIMIT_ROOM_BYTES``)."""
+    room = HARD_LIMIT_ROOM_BYTES
+    return ceiling_bytes if room is None else min(ceiling_bytes, grant_bytes + room)
 
 
 def wait_fired(watch: MemoryWatch, timeout_s: float) -> bool:
