@@ -60,7 +60,7 @@ def workload_table(result: WorkloadResult) -> str:
     """The side-by-side table of one workload, then its summary figures."""
     lines = [f"== {result.name} ==", HEADER]
     lines += [system_row(run) for run in result.runs]
-    long = ("parameters", "per_system")  # in the JSON; too wide for the table
+    long = ("parameters", "per_system", "by_kind")  # in the JSON; too wide for the table
     scalars = {k: v for k, v in result.summary.items() if not isinstance(v, list) and k not in long}
     lines.append("  " + "; ".join(f"{k} = {_fmt(v)}" for k, v in scalars.items()))
     if isinstance(result.summary.get("parameters"), dict):  # assumptions, printed so a reader can rerun with others
