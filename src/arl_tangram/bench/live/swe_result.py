@@ -180,6 +180,8 @@ def _fitted(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConf
     fitted: dict[str, Any] = {"cores": cores, "batch": config.batch, "group_size": config.group_size,
                               "think_mean_s": config.think_mean_s, "think_sigma": config.think_sigma,
                               "env_mem_bytes": config.tangram_env_limit_bytes, "fork": True,
+                              "setup_grant_bytes": config.setup_grant_bytes, "spike_grant_bytes": config.spike_grant_bytes,
+                              "action_grant_bytes": config.action_grant_bytes,
                               "cluster": {"mem_bytes": config.budget_bytes * 2}}  # fmt: skip
     for kind, values in by_kind.items():
         mean, sigma = fit_lognormal(values)
