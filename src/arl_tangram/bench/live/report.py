@@ -68,7 +68,10 @@ def workload_table(result: WorkloadResult) -> str:
     return "\n".join(lines)
 
 
-def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck: dict[str, dict[str, float]], wall_s: float) -> str:
+def render(
+    results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck: dict[str, dict[str, float]], wall_s: float,
+    phases_s: dict[str, float] | None = None,
+) -> str:  # fmt: skip
     """The whole text report: ACT columns in seconds, a row per system."""
     parts = [workload_table(r) for r in results]
     parts += [f"== {name} == not run: {why}" for name, why in not_run.items()]
@@ -80,7 +83,8 @@ def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck:
         parts.append("\n".join(lines))
     if results:
         parts.append(headline(results))
-    parts.append(f"wall time: {wall_s:.1f} s")
+    where = f" ({', '.join(f'{k} {v:.1f} s' for k, v in phases_s.items())})" if phases_s else ""
+    parts.append(f"wall time: {wall_s:.1f} s{where}")
     return "\n\n".join(parts)
 
 

@@ -85,11 +85,15 @@ async def run_async(config: SweConfig, progress: Progress, prepared: Prepared | 
     plans = make_plans(config)
     t0 = time.monotonic()
     runs: dict[str, tuple[list[RolloutOutcome], float]] = {}
+    wall_s: dict[str, float] = {}  # each system's whole run, its runtime's start and close included
     for system in config.systems:
         progress.note(WORKLOAD, f"system {system}: {len(plans)} rollouts")
+        begun = time.monotonic()
         runs[system] = await run_system(system, config, ready, plans, cores, t0, progress)
+        wall_s[system] = round(time.monotonic() - begun, 2)
     result = workload_result(runs, config, cores)
     result.summary["prepare_s"] = prepare_s
+    result.summary["system_wall_s"] = wall_s
     result.summary["base_image"] = ready.base
     return result
 
