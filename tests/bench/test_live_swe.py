@@ -156,6 +156,7 @@ def test_the_report_ends_with_a_short_table_and_a_sentence_per_workload() -> Non
     short = text[text.index("== in short =="):]
     assert "k8s-spec" in short and "3.00x" in short and "0.30" in short and "k8s-burstable-fit: 16 rewards" in short
     assert "swe: against k8s-spec, ARL-Tangram wins on ACT 3.00x; it does not win on step time." in short
+    assert "It reserves 0.30 of k8s-spec's cores and memory. ARL-Tangram lost none; k8s-burstable-fit lost 16 rewards." in short
 
 
 def test_the_plots_show_memory_reserved_and_used_over_time(tmp_path: Path) -> None:
