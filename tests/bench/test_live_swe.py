@@ -78,6 +78,9 @@ def test_every_rollout_finishes_with_the_right_verdict_and_a_fit_pods_spike_is_o
         assert per[system]["rewards_correct"] == 1.0 and per[system]["oom_killed"] == 0, system
     fit = per["k8s-burstable-fit"]  # 512 MiB pods and a 600 MiB spike
     assert fit["rollouts_finished"] == 2 and fit["oom_killed"] == 2 and fit["rewards_lost"] == 2
+    spikes = result.summary["spike"]  # the tool's own account of its allocation, where it lived to report
+    assert spikes["tangram"]["reported"] == 2 and spikes["tangram"]["alloc_run_s"] > 0 and spikes["k8s-burstable-fit"]["reported"] == 0
+    assert result.summary["bound_mean_act_s"] >= result.summary["ideal_mean_act_s"] > 0
     assert result.summary["best_baseline"] == "k8s-spec" and result.summary["baseline_lost_no_reward"] is True
     assert result.summary["rewards_correct"] == 1.0 and result.summary["oom_killed_tangram"] == 0
     assert len(result.run_of("tangram").act_s) == 2 * 7  # type: ignore[union-attr]
@@ -153,6 +156,7 @@ def test_the_report_ends_with_a_short_table_and_a_sentence_per_workload() -> Non
     short = text[text.index("== in short =="):]
     assert "k8s-spec" in short and "3.00x" in short and "0.30" in short and "k8s-burstable-fit: 16 rewards" in short
     assert "swe: against k8s-spec, ARL-Tangram wins on ACT 3.00x; it does not win on step time." in short
+    assert "It reserves 0.30 of k8s-spec's cores and memory. ARL-Tangram lost none; k8s-burstable-fit lost 16 rewards." in short
 
 
 def test_the_plots_show_memory_reserved_and_used_over_time(tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ class Simulation:
         binding = Binding("env", self._env_id(plan)) if tpl.binding_kind == "env" else Binding(tpl.binding_kind, tpl.binding_name)  # type: ignore[arg-type]
         spec = ActionSpec(
             action_id, tpl.kind, binding, plan.tenant, plan.trajectory_id, tpl.fixed, tpl.per_unit,
-            tpl.key, tpl.dop_min, tpl.dop_max, tpl.declared_elasticity, None,
+            tpl.key, tpl.dop_min, tpl.dop_max, tpl.declared_elasticity, None, memory_bytes=tpl.memory_bytes,
         )
         self.templates[action_id] = tpl
         self.owner[action_id] = plan.trajectory_id

@@ -24,7 +24,8 @@ class ActionTemplate:
     """One action of a trajectory. ``t_ori_s`` is its true duration on one unit and
     ``elasticity`` its true curve (what the simulated managers execute); ``declared`` is
     the curve its client states (what the policy sees), None when the client states the
-    true one."""
+    true one. ``memory_bytes``: the memory demand its client declares (``ActionSpec.
+    memory_bytes``; granted while it runs under per-action memory), None: none declared."""
 
     kind: str
     binding_kind: str  # env | service | api
@@ -38,6 +39,7 @@ class ActionTemplate:
     elasticity: ElasticityModel = field(default_factory=NonElastic)
     category: str = "env"  # env | reward | api | teacher: how the report groups ACT
     declared: ElasticityModel | None = None
+    memory_bytes: int | None = None
 
     @property
     def declared_elasticity(self) -> ElasticityModel:

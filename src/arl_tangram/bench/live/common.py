@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 @dataclass(frozen=True)
 class LiveOptions:
-    """What the command line asked for. ``quick`` shrinks every workload to fit ~60 s total;
+    """What the command line asked for. ``quick`` shrinks every workload (swe: T halved, issue 24);
     ``report_dir`` (or None) receives the PNG plots; ``seed`` seeds every random choice."""
 
     quick: bool

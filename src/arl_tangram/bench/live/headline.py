@@ -60,7 +60,29 @@ def sentence(result: WorkloadResult) -> str:
         said += f"; it does not win on {' or '.join(ties)}"
     if result.name == "swe" and s.get("baseline_lost_no_reward") is False:
         said += " (every pod system lost reward: compared with the one that lost least)"
-    return said + "."
+    return " ".join([said + ".", *_also(result)])
+
+
+def _also(result: WorkloadResult) -> list[str]:
+    """What the gains leave out, where the workload measured it: the resources reserved
+    against the baseline's, the rewards or 429s the others lost, and the run's ACT ceiling
+    when the ACT gain falls short of it being a win."""
+    s, out = result.summary, []
+    base = s.get("best_baseline", "the baseline")
+    ratio = s.get("reserved_ratio")
+    if isinstance(ratio, int | float) and math.isfinite(ratio):
+        out.append(f"It reserves {ratio:.2f} of {base}'s cores and memory.")
+    per = s.get("per_system", {})
+    lost = {n: int(v.get("rewards_lost", 0)) for n, v in per.items() if isinstance(v, dict) and v.get("rewards_lost")}
+    if result.name == "swe" and lost:
+        who = "ARL-Tangram lost none; " if "tangram" not in lost else ""
+        out.append(who + ", ".join(f"{n} lost {k} rewards" for n, k in sorted(lost.items())) + ".")
+    if isinstance(s.get("baseline_leaked_429"), int | float) and isinstance(s.get("leaked_429"), int | float):
+        out.append(f"It leaked {int(s['leaked_429'])} provider 429s to trajectories, the baseline {int(s['baseline_leaked_429'])}.")
+    ceiling, act = s.get("act_gain_ceiling"), s.get("act_gain")
+    if isinstance(ceiling, int | float) and isinstance(act, int | float) and act < WIN and math.isfinite(ceiling):
+        out.append(f"On this run's cores no scheduler could beat {base}'s ACT by more than {ceiling:.2f}x.")
+    return out
 
 
 def headline(results: Sequence[WorkloadResult]) -> str:

@@ -60,7 +60,7 @@ def workload_table(result: WorkloadResult) -> str:
     """The side-by-side table of one workload, then its summary figures."""
     lines = [f"== {result.name} ==", HEADER]
     lines += [system_row(run) for run in result.runs]
-    long = ("parameters", "per_system")  # in the JSON; too wide for the table
+    long = ("parameters", "per_system", "by_kind")  # in the JSON; too wide for the table
     scalars = {k: v for k, v in result.summary.items() if not isinstance(v, list) and k not in long}
     lines.append("  " + "; ".join(f"{k} = {_fmt(v)}" for k, v in scalars.items()))
     if isinstance(result.summary.get("parameters"), dict):  # assumptions, printed so a reader can rerun with others
@@ -68,7 +68,10 @@ def workload_table(result: WorkloadResult) -> str:
     return "\n".join(lines)
 
 
-def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck: dict[str, dict[str, float]], wall_s: float) -> str:
+def render(
+    results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck: dict[str, dict[str, float]], wall_s: float,
+    phases_s: dict[str, float] | None = None,
+) -> str:  # fmt: skip
     """The whole text report: ACT columns in seconds, a row per system."""
     parts = [workload_table(r) for r in results]
     parts += [f"== {name} == not run: {why}" for name, why in not_run.items()]
@@ -80,7 +83,8 @@ def render(results: Sequence[WorkloadResult], not_run: dict[str, str], simcheck:
         parts.append("\n".join(lines))
     if results:
         parts.append(headline(results))
-    parts.append(f"wall time: {wall_s:.1f} s")
+    where = f" ({', '.join(f'{k} {v:.1f} s' for k, v in phases_s.items())})" if phases_s else ""
+    parts.append(f"wall time: {wall_s:.1f} s{where}")
     return "\n\n".join(parts)
 
 

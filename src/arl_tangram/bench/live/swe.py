@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -85,13 +86,29 @@ async def run_async(config: SweConfig, progress: Progress, prepared: Prepared | 
     plans = make_plans(config)
     t0 = time.monotonic()
     runs: dict[str, tuple[list[RolloutOutcome], float]] = {}
+    wall_s: dict[str, float] = {}  # each system's whole run, its runtime's start and close included
+    process_cpu_s: dict[str, dict[str, float]] = {}
     for system in config.systems:
         progress.note(WORKLOAD, f"system {system}: {len(plans)} rollouts")
+        begun, cpu_before = time.monotonic(), _process_cpu_s()
         runs[system] = await run_system(system, config, ready, plans, cores, t0, progress)
+        wall_s[system] = round(time.monotonic() - begun, 2)
+        process_cpu_s[system] = {k: round(v - cpu_before[k], 2) for k, v in _process_cpu_s().items()}
     result = workload_result(runs, config, cores)
     result.summary["prepare_s"] = prepare_s
+    result.summary["system_wall_s"] = wall_s
+    result.summary["process_cpu_s"] = process_cpu_s
     result.summary["base_image"] = ready.base
     return result
+
+
+def _process_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process (the in-process runtime: controller, dispatcher, manager
+    threads, host-side file calls) and of its reaped children (every sandbox process and
+    launcher): set beside the actions' own CPU seconds, they show what the machinery costs
+    the cores the actions are granted."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"runtime": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}
 
 
 def system_config(system: str, config: SweConfig, cores: int, store_path: Path) -> TangramConfig:

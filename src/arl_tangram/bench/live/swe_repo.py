@@ -202,12 +202,24 @@ sys.exit(0 if ok else 1)
 '''
 
 PROFILE_MEM = '''"""The memory-spiky step (a profiler, a big fixture, a build's link step): touch MIB
-mebibytes for a moment, then report. Usage: python3 tools/profile_mem.py MIB"""
+mebibytes for a moment, then report, with what the touching cost: seconds on a CPU and
+seconds runnable but waiting for one (``/proc/self/schedstat``), so a slow spike says
+whether it worked or queued. Usage: python3 tools/profile_mem.py MIB"""
 import json, sys, time
 
+def sched():
+    try:
+        run_ns, wait_ns = open("/proc/self/schedstat").read().split()[:2]
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
 mib = int(sys.argv[1])
+t0, (run0, wait0) = time.monotonic(), sched()
 block = bytearray(b"\\x01") * (mib << 20)  # written, so every page is resident
 total = sum(block[:: 1 << 16])
+(run1, wait1), alloc_s = sched(), time.monotonic() - t0
 time.sleep(0.2)
-print(json.dumps({"peak_mib": mib, "touched": total}))
+print(json.dumps({"peak_mib": mib, "touched": total, "alloc_s": round(alloc_s, 4),
+                  "alloc_run_s": round(run1 - run0, 4), "alloc_wait_s": round(wait1 - wait0, 4)}))
 '''

@@ -12,12 +12,14 @@ env's idle footprint (measured after every action, held until its next action en
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 from arl_tangram.bench.live.simcheck import fit_lognormal
+from arl_tangram.bench.live.swe_ceiling import ceiling
 from arl_tangram.bench.live.swe_plan import ACT_KINDS, GIB, SweConfig
 from arl_tangram.bench.live.swe_rollout import RolloutOutcome
 
@@ -91,6 +93,40 @@ def system_run(system: str, outcomes: list[RolloutOutcome], step_s: float, confi
     return run
 
 
+def by_kind(outcomes: list[RolloutOutcome]) -> dict[str, dict[str, float]]:
+    """Per action kind (setup included): count and mean queue / exec / CPU seconds / paused
+    seconds, so a slow kind shows whether it waited or ran long (and on how much CPU)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("setup", *ACT_KINDS):
+        rs = [a.result for o in outcomes for a in o.setup + o.actions if a.kind == kind]
+        if rs:
+            out[kind] = {"n": float(len(rs)), "queue_s": _mean([r.queue_s for r in rs]), "exec_s": _mean([r.exec_s for r in rs]),
+                         "cpu_s": _mean([r.cpu_s for r in rs]), "paused_s": _mean([r.paused_s for r in rs])}  # fmt: skip
+    return out
+
+
+def spike(outcomes: list[RolloutOutcome]) -> dict[str, float]:
+    """Where the memory spike's execution goes: its mean exec and CPU seconds, its pause at
+    the memory grant, and (what the tool reports of its allocation) the seconds it ran on a
+    CPU and the seconds it was runnable but waited for one (CPU contention). Spikes that
+    were killed before reporting are left out of the tool's figures."""
+    rs = [a.result for o in outcomes for a in o.actions if a.kind == "profile"]
+    told = [_told(r.stdout) for r in rs]
+    told = [t for t in told if t]
+    return {"n": float(len(rs)), "exec_s": _mean([r.exec_s for r in rs]), "cpu_s": _mean([r.cpu_s for r in rs]),
+            "paused_s": _mean([r.paused_s for r in rs]), "reported": float(len(told)),
+            **{k: _mean([t[k] for t in told]) for k in ("alloc_s", "alloc_run_s", "alloc_wait_s")}}  # fmt: skip
+
+
+def _told(stdout: str) -> dict[str, float]:
+    try:
+        out = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    keys = ("alloc_s", "alloc_run_s", "alloc_wait_s")
+    return {k: float(out[k]) for k in keys} if isinstance(out, dict) and all(k in out for k in keys) else {}
+
+
 def _normalised(run: SystemRun, cores: int, budget_gib: float) -> float:
     return run.core_s_reserved / cores + run.extra["gib_s_reserved"] / budget_gib
 
@@ -111,6 +147,8 @@ def workload_result(runs: dict[str, tuple[list[RolloutOutcome], float]], config:
         "budget_gib": config.budget_bytes / GIB,
         "mean_act_s": {n: r.mean_act_s for n, r in systems.items()}, "step_s": {n: r.step_s for n, r in systems.items()},
         "per_system": {n: dict(r.extra) for n, r in systems.items()},
+        "by_kind": {n: by_kind(outs) for n, (outs, _) in runs.items()},
+        "spike": {n: spike(outs) for n, (outs, _) in runs.items()},
     }  # fmt: skip
     tangram = systems.get(TANGRAM)
     pods = [r for n, r in systems.items() if n != TANGRAM]
@@ -126,6 +164,7 @@ def workload_result(runs: dict[str, tuple[list[RolloutOutcome], float]], config:
             act_gain_vs={r.system: _ratio(r.mean_act_s, tangram.mean_act_s) for r in pods},
             step_gain_vs={r.system: _ratio(r.step_s, tangram.step_s) for r in pods},
         )  # fmt: skip
+        summary.update(ceiling(runs[TANGRAM][0], cores, base.mean_act_s))
     summary["parameters"] = config.describe(cores)
     return WorkloadResult("swe", list(systems.values()), summary, _fitted(runs, config, cores))
 
@@ -141,6 +180,8 @@ def _fitted(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConf
     fitted: dict[str, Any] = {"cores": cores, "batch": config.batch, "group_size": config.group_size,
                               "think_mean_s": config.think_mean_s, "think_sigma": config.think_sigma,
                               "env_mem_bytes": config.tangram_env_limit_bytes, "fork": True,
+                              "setup_grant_bytes": config.setup_grant_bytes, "spike_grant_bytes": config.spike_grant_bytes,
+                              "action_grant_bytes": config.action_grant_bytes,
                               "cluster": {"mem_bytes": config.budget_bytes * 2}}  # fmt: skip
     for kind, values in by_kind.items():
         mean, sigma = fit_lognormal(values)
