@@ -84,6 +84,20 @@ def test_worst_regret_per_fixed_dop_names_its_setting_and_the_best_single_dop() 
     assert s["min_worst_regret_dop"] == 32
 
 
+def test_the_regret_ceiling_splits_what_the_settings_allow_from_elastic_margin() -> None:
+    per = {
+        "seed-1": sweep.setting_figures(_rows(0.9, 0.95, fixed4=2.0, fixed32=1.1)),  # best fixed: 16 at 0.95
+        "sigmax2": sweep.setting_figures(_rows(0.5, 0.95, fixed4=1.0, fixed32=0.6)),  # best fixed: 32 at 0.6
+    }
+    s = sweep.summarize(per)
+    among = sweep.worst_regret_by_fixed_dop(per, against_best_fixed=True)
+    assert among["32"] == {"ratio": pytest.approx(1.1 / 0.95), "setting": "seed-1"}
+    assert among["20"] == {"ratio": pytest.approx(1.0 / 0.6), "setting": "sigmax2"}
+    assert s["min_worst_regret_vs_best_fixed"] == pytest.approx(1.1 / 0.95)  # fixed 32's worst, against the best fixed
+    assert s["min_worst_regret_ceiling"] == pytest.approx(1.1 / 0.95 * 0.6 / 0.5)  # x elastic's largest margin (sigmax2)
+    assert s["min_worst_regret"] <= s["min_worst_regret_ceiling"] + 1e-12
+
+
 def test_regrets_ignore_settings_beyond_the_base_nineteen() -> None:
     per = {f"seed-{k}": sweep.setting_figures(_rows(0.9, 0.95)) for k in range(1, 6)}
     per["seed-6"] = sweep.setting_figures(_rows(0.5, 0.95, fixed32=5.0))  # a sixth seed is an added setting
