@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.managers.cpu import preempt
+from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES
 
