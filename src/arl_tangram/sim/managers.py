@@ -145,9 +145,9 @@ class SimManagers(Executor):
             self._call_unmanaged(d, rec, exec_s, attempt=0)
 
     def _run(self, d: StartAction, rec: ActionRecord, overhead_s: float, exec_s: float, resource: str) -> None:
-        rec.exec_start_s = self.q.now_s + overhead_s
+        exec_start = rec.exec_start_s = self.q.now_s + overhead_s
         tpl = self.templates[d.action_id]
-        end = rec.exec_start_s + exec_s
+        end = exec_start + exec_s
         cores = d.grant.cpu_millicores / MILLICORES_PER_CORE
         if resource == "cpu":
             self.metrics.reserved["cpu"].add(self.q.now_s, end, cores)  # held from the start decision
@@ -160,7 +160,7 @@ class SimManagers(Executor):
         def finish() -> None:
             rec.end_s = self.q.now_s
             rec.outcome = "succeeded"
-            ran_s = exec_s if rec.end_s <= end else rec.end_s - rec.exec_start_s  # a demoted run ran longer
+            ran_s = exec_s if rec.end_s <= end else rec.end_s - exec_start  # a demoted run ran longer
             self.finishers.pop(d.action_id, None)
             self.emit(ActionFinished(d.action_id, "succeeded", ran_s, stimulus_id=d.stimulus_id))
             self.on_done(d.action_id, "succeeded")
