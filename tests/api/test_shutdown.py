@@ -26,7 +26,7 @@ from arl_tangram.runtime.journal import Journal
 
 pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
 GRACE_S = 6.0
-POOL = CompatSettings.max_envs  # what ``serve`` mounts: live code sandboxes per (tenant, size)
+POOL = CompatSettings.max_envs  # the pool ``serve`` mounts here ([sandboxfusion] max_envs): live code sandboxes per (tenant, size)
 REPO = Path(__file__).resolve().parents[2]  # the serving process imports tests.api.registrable
 RUN = {"code": "sleep 30", "language": "bash", "run_timeout": 60, "memory_limit_MB": 64}
 
@@ -54,7 +54,7 @@ async def _until(http: httpx.AsyncClient, ready: object, timeout_s: float = 90.0
 async def test_sigterm_with_the_pool_full_ends_everything_within_the_grace(tmp_path: Path) -> None:
     journal = tmp_path / "journal.sqlite"
     config = tmp_path / "tangram.toml"
-    config.write_text(f'[service]\njournal_path = "{journal}"\nshutdown_grace_s = {GRACE_S}\n')
+    config.write_text(f'[service]\njournal_path = "{journal}"\nshutdown_grace_s = {GRACE_S}\n[sandboxfusion]\nmax_envs = {POOL}\n')
     proc, url = _serve(config)
     try:
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:

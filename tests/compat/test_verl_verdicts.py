@@ -4,7 +4,8 @@ quarter raising, a quarter looping forever (``timeout=3``), through our SandboxF
 on this host's cores. Every verdict must be right: no call may hit verl's client timeout
 (compile + run + 10 s, queue time included). Without preemption (``preempt_quantum_s``
 off) the looping runs hold the cores for their whole timeout, one core each, and the short
-programs queue behind them past that timeout."""
+programs queue behind them past that timeout. Known limit: on a host whose other load
+exceeds ~10 runnable tasks it fails with preemption on too (issue 26's notes)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ PROGRAMS = {  # program -> the verdict verl must give each of its test cases
     "raise SystemExit('boom')\n": -2,
     "while True:\n    pass\n": -3,
 }
-QUANTUM_S = 0.3  # PREEMPTION: a run that has taken this long while others wait yields its core
+QUANTUM_S = 0.1  # PREEMPTION: the cap of a run's first quantum; past it (and 50 ms of its own CPU) while others wait it yields its core
 
 
 def preempting(quantum_s: float | None) -> TangramConfig:

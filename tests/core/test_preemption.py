@@ -75,3 +75,11 @@ def test_bad_quantum_and_deadline_name_the_field() -> None:
         make_policy("elastic", preempt_quantum_s=0.0)
     with pytest.raises(SpecError, match="deadline_s"):
         replace(make_action("a"), deadline_s=-1.0)
+
+
+def test_the_first_quantum_follows_the_kinds_expected_length() -> None:
+    d = _two_core_driver(preempt_quantum_s=0.5)  # the cap; a short kind's quantum is 2 x its T_ori
+    d.step([ActionSubmitted(make_action(f"a{i}", env=f"e{i}", t_ori_s=0.05)) for i in range(3)], now=0.0)
+    assert d.wake_at == pytest.approx(0.1)
+    d.step(now=0.1)
+    assert [p.action_id for p in of_type(d.log, PreemptAction)] == ["a0"] and "a2" in d.starts()

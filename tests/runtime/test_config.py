@@ -338,3 +338,19 @@ def test_sandboxfusion_language_images_are_read_and_bad_ones_named() -> None:
         with pytest.raises(ConfigError) as info:
             parse_config(f"[sandboxfusion]\n{text}\n", environ={})
         assert info.value.field == field and rule in info.value.rule
+
+
+def test_sandboxfusion_pool_size_is_read_and_reaches_the_face() -> None:
+    from fastapi import FastAPI
+
+    from arl_tangram.api.compat import mount_compat
+
+    config = parse_config("[sandboxfusion]\nmax_envs = 40\nmax_idle = 12\n", environ={})
+    assert (config.sandboxfusion.max_envs, config.sandboxfusion.max_idle) == (40, 12)
+    app = FastAPI()
+    mount_compat(app, config=config)
+    assert (app.state.compat_settings.max_envs, app.state.compat_settings.max_idle) == (40, 12)
+    for text, field in (("max_envs = 0", "sandboxfusion.max_envs"), ("max_idle = -1", "sandboxfusion.max_idle")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"[sandboxfusion]\n{text}\n", environ={})
+        assert info.value.field == field and "integer >= 1" in info.value.rule

@@ -92,7 +92,7 @@ def _env_action(state: ApiState, tenant: str, action_id: str, body: ExecAction |
         action_id, kind, Binding("env", env_id), tenant, body.trajectory_id,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
         elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=getattr(body, "t_ori_s", None), timeout_s=timeout_s,
-        retryable=body.retryable, memory_bytes=_memory(state, env_id, body.memory),
+        retryable=body.retryable, memory_bytes=_memory(state, env_id, body.memory), deadline_s=body.deadline_s,
     )  # fmt: skip
     return spec, payload
 

@@ -152,6 +152,10 @@ class Elasticity(_Strict):
     table: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(None, min_length=1, max_length=1024)
 
 
+_DEADLINE_DOC = (
+    "seconds after submission by which the caller needs the result; one that can no longer start "
+    "in time (its timeout_s counted) ends rejected, cause 'deadline: ...' (retryable)"
+)
 _MEMORY_DOC = (
     "the run's memory demand above its env's idle footprint (bytes or '3GiB'); at most the env's "
     "memory limit; absent: learned per kind, else the env's limit"
@@ -190,6 +194,7 @@ class ExecAction(_ActionBase):
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
     t_ori_s: float | None = Field(None, gt=0.0, le=86400.0)
     memory: Size | None = Field(None, description=_MEMORY_DOC)
+    deadline_s: float | None = Field(None, gt=0.0, le=86400.0, allow_inf_nan=False, description=_DEADLINE_DOC)
 
 
 class CodeAction(_ActionBase):
@@ -202,6 +207,7 @@ class CodeAction(_ActionBase):
     cpu: Elasticity = Field(default_factory=lambda: Elasticity.model_validate({}))
     t_ori_s: float | None = Field(None, gt=0.0, le=86400.0)
     memory: Size | None = Field(None, description=_MEMORY_DOC)
+    deadline_s: float | None = Field(None, gt=0.0, le=86400.0, allow_inf_nan=False, description=_DEADLINE_DOC)
 
 
 class ServiceAction(_ActionBase):

@@ -9,6 +9,11 @@ the env is frozen. Results are ``ActionResult`` s whatever the outcome; bad inpu
 running the action twice is harmless: if its node is lost mid-run it is retried on another
 node (a bounded number of times) instead of ending ``error`` / ``node_lost``; an env's
 action is not retried when its env went with the node. ``result.attempts`` says how often.
+
+``deadline_s`` (on ``Env.exec`` and ``Session.run``): seconds after submission by which the
+caller needs the result. An action that can no longer start in time (its ``timeout_s``
+counted) is not run: its result is ``rejected`` with ``cause`` starting ``deadline:``
+(``ActionResult.deadline_missed``), retryable later, as every other rejection is a result.
 """
 
 from __future__ import annotations
@@ -207,7 +212,7 @@ class Env:
 
     def _spec(
         self, kind: str, cpu: Elastic | int | None, timeout_s: float | None, t_ori_s: float | None, retryable: bool = False,
-        memory: int | str | None = None,
+        memory: int | str | None = None, deadline_s: float | None = None,
     ) -> ActionSpec:  # fmt: skip
         dop = _dop(cpu)
         model = dop.model() or self.client.transport.learned_model(kind)
@@ -216,18 +221,21 @@ class Env:
             demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=dop.min, dop_max=dop.max,
             elasticity=model if dop.max > 1 else NonElastic(), t_ori_s=t_ori_s, timeout_s=timeout_s,
             retryable=retryable, memory_bytes=None if memory is None else parse_size_bytes(memory, "memory"),
+            deadline_s=deadline_s,
         )  # fmt: skip
 
     async def exec(
         self, command: str | list[str], *, cpu: Elastic | int | None = None, stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float = 60.0,
         kind: str = "exec", t_ori_s: float | None = None, retryable: bool = False, memory: int | str | None = None,
+        deadline_s: float | None = None,
     ) -> ActionResult:  # fmt: skip
         """Run a ``bash -c`` string or an argv with the cores the scheduler grants within
         ``cpu`` (``TANGRAM_DOP`` and ``nproc`` say how many). ``memory`` (bytes or "3GiB"):
         its memory demand above the env's idle footprint, at most the env's limit (else
-        learned per kind, else the limit); over it, it pauses while the node finds more."""
-        spec = self._spec(kind, cpu, timeout_s, t_ori_s, retryable, memory)
+        learned per kind, else the limit); over it, it pauses while the node finds more.
+        ``deadline_s``: see the module doc."""
+        spec = self._spec(kind, cpu, timeout_s, t_ori_s, retryable, memory, deadline_s)
         stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
         argv = command if isinstance(command, str) else tuple(command)
         payload = ExecPayload(argv, stdin_bytes, tuple(sorted((env or {}).items())), cwd, timeout_s)
@@ -279,9 +287,9 @@ class Session:
 
     async def run(
         self, command: str, *, cpu: Elastic | int | None = None, timeout_s: float = 60.0, kind: str = "session",
-        retryable: bool = False, memory: int | str | None = None,
+        retryable: bool = False, memory: int | str | None = None, deadline_s: float | None = None,
     ) -> ActionResult:  # fmt: skip
-        spec = self.env._spec(kind, cpu, timeout_s, None, retryable, memory)
+        spec = self.env._spec(kind, cpu, timeout_s, None, retryable, memory, deadline_s)
         payload = ExecPayload(command, None, (), None, timeout_s, session_id=self.session_id)
         return await self.env.client.transport.run_action(spec, payload)
 

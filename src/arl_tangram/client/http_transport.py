@@ -292,6 +292,8 @@ def encode_action(spec: ActionSpec, payload: Payload) -> dict[str, Any]:
             body["stdin_b64"] = base64.b64encode(payload.stdin).decode()
         if spec.memory_bytes is not None:
             body["memory"] = spec.memory_bytes
+        if spec.deadline_s is not None:
+            body["deadline_s"] = spec.deadline_s
         return body
     if isinstance(payload, ServicePayload):
         return {

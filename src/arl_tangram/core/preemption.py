@@ -5,13 +5,22 @@ whole timeout while short programs queue behind it (issue 26: 48 looping runs of
 both cores of a 2-core node for 72 s). Two levels, a multi-level feedback queue without
 sizes:
 - level 0: a new action is granted cores exclusively, FCFS (the configured policy);
-- level 1: a non-elastic CPU action (``dop_max == 1``) that has run ``quantum_s`` while
+- level 1: a non-elastic CPU action (``dop_max == 1``) that has run its first quantum
+  (``quantum_of``: twice its kind's T_ori, within [``QUANTUM_FLOOR_S``, ``quantum_s``]) while
   other CPU work waits on its node is *preempted* (``PreemptAction``): its cores go back to
   the pool at once and are re-granted to the waiting work, its memory stays granted, and
   the manager keeps it running at the floor CPU priority on all of the node's cpus. Demoted
   actions share between them whatever level 0 leaves idle (processor sharing among
-  equals), so a crowd of looping programs burns its wall-clock timeouts side by side
-  instead of one core each in turn. Elastic actions keep their grants: their curve pays.
+  equals; the manager ages their weight), so a crowd of looping programs burns its
+  wall-clock timeouts side by side instead of one core each in turn. Demoted actions hold
+  no cores, so their number is not bounded by the node's: a new action starts at once by
+  demoting an overdue one. Elastic actions keep their grants: their curve pays.
+Victims: the overdue runs that started first (the most service attained, as a single-core
+run's attained CPU is its running time): under the heavy tail of RL programs (a share loop
+until their timeout) the longest-running is the likeliest to run longest still, so
+demoting it costs the least expected wait (shortest-remaining-first without sizes).
+A demotion's cost is its victim's share of the cores it leaves, so one is ordered only
+for queued work that does not fit in the free cores, never to make room in advance.
 Demotion never loses work and never changes a program's output or exit code; the only
 priority it lowers is the CPU scheduler's.
 
@@ -33,6 +42,8 @@ from arl_tangram.core.resources import ResourceVector
 from arl_tangram.core.state import QueuedAction, Running, StateEditor, lane_of
 
 PREEMPTED = "preempted"
+QUANTUM_FLOOR_S = 0.02  # assumption: below ~a process start, a quantum would demote every run
+QUANTUM_PER_T_ORI = 2.0  # a run past twice its kind's typical length is likely a long one
 DEADLINE_PREFIX = "deadline:"
 
 
@@ -43,6 +54,18 @@ def is_preemptible(run: Running) -> bool:
         spec.binding.kind == "env" and spec.dop_max == 1 and run.grant.cpu_millicores > 0
         and run.pause_cause == "" and run.replica_id is None
     )  # fmt: skip
+
+
+def quantum_of(ed: StateEditor, run: Running, quantum_s: float) -> float:
+    """A run's first quantum: ``QUANTUM_PER_T_ORI`` x its client or learned T_ori, clamped to
+    [``QUANTUM_FLOOR_S``, ``quantum_s``]; ``quantum_s`` for a kind never seen."""
+    t_ori = run.spec.t_ori_s
+    if t_ori is None:
+        n_mean = ed.estimates.get(run.spec.kind)
+        t_ori = n_mean[1] if n_mean else None
+    if t_ori is None:
+        return quantum_s
+    return min(quantum_s, max(QUANTUM_FLOOR_S, QUANTUM_PER_T_ORI * t_ori))
 
 
 def latest_start_s(ed: StateEditor, qa: QueuedAction) -> float | None:
@@ -103,14 +126,15 @@ def preempt_overdue(ed: StateEditor, cause: str, quantum_s: float) -> list[Decis
         if short <= 0:
             continue
         overdue = sorted(
-            (r for r in ed.running.values() if r.node_id == node_id and is_preemptible(r) and ed.now_s - r.started_s >= quantum_s),
+            (r for r in ed.running.values() if r.node_id == node_id and is_preemptible(r) and ed.now_s - r.started_s >= quantum_of(ed, r, quantum_s)),
             key=lambda r: (r.started_s, r.seq),
         )  # fmt: skip
         for run in overdue:
             if short <= 0:
                 break
             short -= run.grant.cpu_millicores
-            decisions.append(preempt(ed, run, f"ran {ed.now_s - run.started_s:.3g} s >= quantum {quantum_s:g} s while work waits", cause))
+            ran_s = ed.now_s - run.started_s
+            decisions.append(preempt(ed, run, f"ran {ran_s:.3g} s >= quantum {quantum_of(ed, run, quantum_s):.3g} s while work waits", cause))
     return decisions
 
 
@@ -131,8 +155,6 @@ def preempt(ed: StateEditor, run: Running, reason: str, cause: str) -> PreemptAc
 def next_quantum_s(ed: StateEditor, quantum_s: float) -> float | None:
     """When the next preemptible action on a node with waiting work reaches its quantum."""
     want = _waiting_millicores(ed)
-    ats = [
-        r.started_s + quantum_s for r in ed.running.values()
-        if r.node_id in want and is_preemptible(r) and r.started_s + quantum_s > ed.now_s
-    ]  # fmt: skip
+    ends = (r.started_s + quantum_of(ed, r, quantum_s) for r in ed.running.values() if r.node_id in want and is_preemptible(r))
+    ats = [at for at in ends if at > ed.now_s]
     return min(ats) if ats else None

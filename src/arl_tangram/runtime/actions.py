@@ -147,6 +147,11 @@ class ActionResult:
     def ok(self) -> bool:
         return self.outcome == "succeeded"
 
+    @property
+    def deadline_missed(self) -> bool:
+        """Rejected because it could no longer start by its ``deadline_s`` (retryable)."""
+        return self.outcome == "rejected" and (self.cause or "").startswith("deadline:")
+
     def resolved(self) -> ActionResult:
         """This result with its held outputs fetched (blocking; itself when none is held).
         An output that cannot be fetched stays empty and ``cause`` says why."""

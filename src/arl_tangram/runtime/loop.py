@@ -103,8 +103,8 @@ class Executor(abc.ABC):
 
     def preempt_action(self, d: PreemptAction) -> None:
         """Demote a running action (``core.preemption``). The live executor lowers its CPU
-        priority; one that cannot (the simulator today) lets it run on as it was, which
-        overstates the capacity a demotion frees, so the sim keeps preemption off."""
+        priority and the simulator runs it on idle cores only (``sim.demoted``); one that
+        can do neither lets it run on as it was, which overstates the capacity it frees."""
         return None
 
     def pull_image(self, d: PullImage) -> None:

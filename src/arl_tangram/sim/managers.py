@@ -16,6 +16,7 @@ from arl_tangram.core.decisions import (
     EvictService,
     LoadService,
     PlaceEnv,
+    PreemptAction,
     RejectAction,
     ReleaseEnv,
     StartAction,
@@ -24,6 +25,7 @@ from arl_tangram.core.events import ActionFinished, EnvReady, Event, ServiceRead
 from arl_tangram.core.resources import MILLICORES_PER_CORE
 from arl_tangram.core.topology import ClusterSpec
 from arl_tangram.runtime.loop import Executor
+from arl_tangram.sim.demoted import DemotedRuns
 from arl_tangram.sim.engine import EventQueue
 from arl_tangram.sim.metrics import ActionRecord, Metrics
 from arl_tangram.sim.platform import Platform
@@ -75,6 +77,11 @@ class SimManagers(Executor):
         self.env_held: dict[str, tuple[float, int]] = {}
         self.providers = {p.provider: ProviderLimit(p.rate_per_s) for p in cluster.quota_pools}
         self.instant_loads = False
+        # preemption (issue 26): the core's PreemptAction demotes a granted CPU run
+        cores = {n.node_id: float(sum(n.numa_cores)) for n in cluster.cpu_nodes}
+        self.demoted = DemotedRuns(queue, cores, lambda a, b, x: self.metrics.used["cpu"].add(a, b, x))
+        self.cpu_runs: dict[str, tuple[str, float, float]] = {}  # granted CPU run -> (node, cores, planned end)
+        self.finishers: dict[str, Callable[[], None]] = {}  # running action -> what ends it
 
     def _report(self, event: Event) -> None:
         self.emit(event)
@@ -138,23 +145,49 @@ class SimManagers(Executor):
             self._call_unmanaged(d, rec, exec_s, attempt=0)
 
     def _run(self, d: StartAction, rec: ActionRecord, overhead_s: float, exec_s: float, resource: str) -> None:
-        rec.exec_start_s = self.q.now_s + overhead_s
+        exec_start = rec.exec_start_s = self.q.now_s + overhead_s
         tpl = self.templates[d.action_id]
-        end = rec.exec_start_s + exec_s
+        end = exec_start + exec_s
+        cores = d.grant.cpu_millicores / MILLICORES_PER_CORE
         if resource == "cpu":
-            cores = d.grant.cpu_millicores / MILLICORES_PER_CORE
             self.metrics.reserved["cpu"].add(self.q.now_s, end, cores)  # held from the start decision
             self.metrics.used["cpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
+            self.cpu_runs[d.action_id] = (d.node_id, cores, end)
+            self.demoted.hold(d.node_id, cores)
         elif resource == "gpu":
             self.metrics.used["gpu"].add(rec.exec_start_s, end, tpl.elasticity.speedup(d.dop))
 
         def finish() -> None:
             rec.end_s = self.q.now_s
             rec.outcome = "succeeded"
-            self.emit(ActionFinished(d.action_id, "succeeded", exec_s, stimulus_id=d.stimulus_id))
+            ran_s = exec_s if rec.end_s <= end else rec.end_s - exec_start  # a demoted run ran longer
+            self.finishers.pop(d.action_id, None)
+            self.emit(ActionFinished(d.action_id, "succeeded", ran_s, stimulus_id=d.stimulus_id))
             self.on_done(d.action_id, "succeeded")
 
-        self.q.at(end, finish)
+        def planned_end() -> None:
+            if resource == "cpu":
+                if self.cpu_runs.pop(d.action_id, None) is None:
+                    return  # demoted: ``DemotedRuns`` ends it
+                self.demoted.hold(d.node_id, -cores)
+            finish()
+
+        self.finishers[d.action_id] = finish
+        self.q.at(end, planned_end)
+
+    def preempt_action(self, d: PreemptAction) -> None:
+        """The core demoted a granted CPU run: its cores go back, it runs on on what the
+        node's granted runs leave idle (``sim.demoted``)."""
+        run = self.cpu_runs.pop(d.action_id, None)
+        finish = self.finishers.get(d.action_id)
+        if run is None or finish is None:
+            return  # ended in the same instant
+        node_id, cores, end = run
+        now = self.q.now_s
+        self.metrics.reserved["cpu"].add(now, end, -cores)  # no longer held from now on
+        self.metrics.used["cpu"].add(max(now, self.metrics.actions[d.action_id].exec_start_s or now), end, -1.0)  # nor used at one core
+        self.demoted.hold(node_id, -cores)
+        self.demoted.demote(node_id, d.action_id, end - now, finish)
 
     def _call_unmanaged(self, d: StartAction, rec: ActionRecord, exec_s: float, attempt: int) -> None:
         provider = self.providers[self.templates[d.action_id].binding_name]

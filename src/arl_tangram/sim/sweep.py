@@ -49,11 +49,12 @@ def settings(seeds: int | tuple[int, ...] = 5) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def specs_for(name: str, wp: dict[str, Any], seed: int, batch_scale: float = 1.0) -> list[RunSpec]:
+def specs_for(name: str, wp: dict[str, Any], seed: int, batch_scale: float = 1.0, elastic: dict[str, Any] | None = None) -> list[RunSpec]:
+    """``elastic``: the elastic run's policy params (``--preempt-quantum-s``: issue 26's preemption)."""
     wp = dict(wp, batch=max(8, int(wp["batch"] * batch_scale)))
     nodes = max(1, round(PAPER_CPU_NODES * batch_scale))
     pod = {"pod_millicores": pod_millicores(wp["batch"], nodes)}
-    runs = [RunSpec(name, "elastic", "coding", wp, "elastic", {}, "tangram", nodes, seed=seed, bound=True)]
+    runs = [RunSpec(name, "elastic", "coding", wp, "elastic", dict(elastic or {}), "tangram", nodes, seed=seed, bound=True)]
     runs += [RunSpec(name, f"fixed-dop-{d}", "coding", wp, "fixed-dop", {"dop": d}, "tangram", nodes, seed=seed) for d in FIXED_DOPS]
     runs.append(RunSpec(name, "k8s-static", "coding", wp, "k8s-static", pod, "k8s", nodes, seed=seed))
     runs.append(RunSpec(name, "k8s-static+control-plane", "coding", wp, "k8s-static", pod, "k8s+cp", nodes, seed=seed))
@@ -206,7 +207,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="a tenth of the scale (batch 128 on 2 nodes): a smoke run")
     parser.add_argument("--report-dir", default="reports/sweep")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--preempt-quantum-s", type=float, default=None, help="run elastic with preemption at this quantum (issue 26)")
     args = parser.parse_args(argv)
+    if args.preempt_quantum_s is not None and not args.preempt_quantum_s > 0:
+        parser.error("--preempt-quantum-s: must be > 0 seconds")
+    elastic = {} if args.preempt_quantum_s is None else {"preempt_quantum_s": args.preempt_quantum_s}
 
     t0 = time.perf_counter()
     scale = 0.1 if args.quick else 1.0
@@ -216,7 +221,7 @@ def main(argv: list[str]) -> int:
         if unknown := only - {name for name, _, _ in chosen}:
             parser.error(f"--settings: unknown setting(s) {sorted(unknown)}; known: {[n for n, _, _ in chosen]}")
         chosen = [c for c in chosen if c[0] in only]
-    specs = [s for name, wp, seed in chosen for s in specs_for(name, wp, seed, scale)]
+    specs = [s for name, wp, seed in chosen for s in specs_for(name, wp, seed, scale, elastic)]
     rows = run_all(specs, args.workers, _progress_bar(len(specs)))
     per_setting = {name: setting_figures([r for r in rows if r["experiment"] == name]) for name in dict.fromkeys(r["experiment"] for r in rows)}
     summary = summarize(per_setting)
@@ -225,7 +230,7 @@ def main(argv: list[str]) -> int:
     summary["cpu_s"] = sum(r["cpu_s"] for r in rows)  # the sweep's work: wall on an idle host ≈ cpu_s / workers + the tail
     targets = {k: {"value": summary[k], "target": f"{op} {v}", "met": summary[k] >= v if op == ">=" else summary[k] <= v} for k, (op, v) in TARGETS.items()}
     plot = None if args.no_plots else plot_margins(per_setting, os.path.join(args.report_dir, "sweep_margins.png"))
-    result = {"summary": summary, "targets": targets, "settings": per_setting, "plot": plot, "quick": args.quick}
+    result = {"summary": summary, "targets": targets, "settings": per_setting, "plot": plot, "quick": args.quick, "elastic_params": elastic}
     os.makedirs(args.report_dir, exist_ok=True)
     with open(os.path.join(args.report_dir, "sweep.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

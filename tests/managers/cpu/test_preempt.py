@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from arl_tangram.managers.cpu import preempt
 from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES
@@ -50,3 +51,20 @@ def test_a_run_near_its_limit_is_never_demoted(manager: CpuManager, sandbox: str
     time.sleep(0.2)
     assert not handle.demote()
     runner.join(10)
+
+
+def test_a_demoted_runs_weight_ages_back_up(manager: CpuManager, sandbox: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if manager.driver.version != 1:
+        pytest.skip("reads cgroup v1 cpu.shares")
+    monkeypatch.setattr(preempt, "AGING_S", 0.2)  # doubles every 0.2 s instead of 2 s: a short test
+    handle = RunHandle()
+    spin = "python3 -c 'import time\nt=time.time()\nwhile time.time()-t < 1.5: pass'"  # outlives the checks
+    runner = threading.Thread(target=lambda: manager.exec(sandbox, spin, timeout_s=20, handle=handle))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not handle.demote() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    aged = _shares(manager, sandbox)
+    runner.join(30)
+    assert DEMOTED_SHARES < aged < 1024, aged  # risen with its wait, not yet back to its full weight

@@ -22,7 +22,7 @@ from arl_tangram.runtime.config import ConfigError, TangramConfig
 
 
 def mount_compat(
-    app: FastAPI, *, max_envs: int = 16, max_idle: int = 8, acquire_timeout_s: float = 60.0,
+    app: FastAPI, *, max_envs: int | None = None, max_idle: int | None = None, acquire_timeout_s: float = 60.0,
     default_mem_bytes: int = 1 << 30, config: TangramConfig | None = None,
 ) -> None:  # fmt: skip
     """Serve the faces on ``app``. ``max_envs`` bounds the live code sandboxes of one
@@ -30,7 +30,11 @@ def mount_compat(
     ``acquire_timeout_s`` for one (then 504); ``default_mem_bytes`` sizes a run's sandbox
     when the request sets no ``memory_limit_MB``. The E2B face (when the ``e2b`` package is
     installed) is served under ``config.e2b.prefix`` (``config``: the one the app's runtime
-    runs; its ``[e2b]`` table is read again at start, and must name the same prefix)."""
+    runs; its ``[e2b]`` table is read again at start, and must name the same prefix; its
+    ``[sandboxfusion]`` ``max_envs``/``max_idle`` are the two arguments' defaults)."""
+    sf = (config or TangramConfig()).sandboxfusion
+    max_envs = sf.max_envs if max_envs is None else max_envs
+    max_idle = min(sf.max_idle, max_envs) if max_idle is None else max_idle
     if getattr(app.state, "compat_mounted", False):
         raise ConfigError("app", "must not have the compat faces mounted twice", app.title)
     for name, value in (("max_envs", max_envs), ("max_idle", max_idle)):
@@ -38,6 +42,7 @@ def mount_compat(
             raise ConfigError(name, "must be an integer >= 1", value)
     settings = CompatSettings(max_envs, max_idle, float(acquire_timeout_s), int(default_mem_bytes))
     app.state.compat_mounted = True
+    app.state.compat_settings = settings  # what the pool will be made with (read by tests and reports)
     e2b_prefix = (config or TangramConfig()).e2b.prefix if _e2b_installed() else None
     original = app.router.lifespan_context
 

@@ -159,8 +159,12 @@ class CodeEnvPool:
             self.starved.discard(env_id)
 
     def _make_room(self, bucket: _Bucket, mem_bytes: int) -> bool:
-        """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs."""
+        """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs.
+        Under per-action memory an env holds only its footprint (the core places it by
+        that and grants each run its memory), so a limit never needs room here."""
         controller = self.state.controller
+        if getattr(controller.scheduler.policy, "memory_per_action", False):
+            return True
         capacity = sum(n.mem_bytes for n in controller.loop.state.spec.cpu_nodes)
         held = sum(s.mem_bytes for s in controller.env_specs.values())
         held += sum(m for e, m in self.creating.items() if e not in controller.env_specs)

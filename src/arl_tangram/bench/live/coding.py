@@ -20,6 +20,7 @@ there is nothing to pool, so a static deployment and Evict-on-Execution serve it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -75,6 +76,7 @@ def pool_cores() -> int:
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the coding workload on every system; see the module docstring."""
     config = CodingConfig.quick(opts.seed) if opts.quick else CodingConfig(seed=opts.seed)
+    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s)
     return asyncio.run(run_async(config, progress))
 
 
@@ -155,7 +157,8 @@ def _service_bytes(client: AsyncClient) -> int:
 
 def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConfig:
     if system == "tangram":
-        return TangramConfig(scheduler=SchedulerConfig("elastic"))
+        params = {} if config.preempt_quantum_s is None else {"preempt_quantum_s": config.preempt_quantum_s}
+        return TangramConfig(scheduler=SchedulerConfig("elastic", params))  # type: ignore[arg-type]
     if system in ("k8s-guaranteed", "k8s-burstable"):
         return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": config.pod_millicores(cores)}))
     raise ValueError(f"system: must be one of {', '.join(SYSTEMS)}, got {system!r}")

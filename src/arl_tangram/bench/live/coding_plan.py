@@ -39,6 +39,7 @@ class CodingConfig:
     steps: int = 2  # assumption: RL steps run, each a fresh batch of plans (seeds seed, seed + 1, ...) on every system; figures pool their actions (two halve a step's sampling noise in the mean ACT)
     calibration_problems: int = 4  # problems whose turn is timed at calibration (a mean: one problem's turn varies by half between problems)
     seed: int = 0
+    preempt_quantum_s: float | None = None  # tangram's preemption (issue 26; bench live --preempt-quantum-s); None: off
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:

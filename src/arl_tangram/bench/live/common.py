@@ -26,6 +26,7 @@ class LiveOptions:
     report_dir: Path | None
     seed: int = 0
     judge: str = "minilm"  # DeepSearch's judge: "minilm" or "generative" (``judges.py``)
+    preempt_quantum_s: float | None = None  # coding's tangram runs with preemption (issue 26); None: off
 
 
 class Progress:

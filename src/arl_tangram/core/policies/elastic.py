@@ -28,8 +28,9 @@ class ElasticPolicy(Policy):
     ``opportunity_cost`` caps a grant at the widest DoP the node can sustain for the
     arrivals it expects during the run, floored at the curve's efficiency knee
     (``opportunity.fair_caps``; off: the reference policy, spare cores priced at zero).
-    ``preempt_quantum_s``: a single-core CPU action that has run this long while work
-    waits on its node is demoted and its cores re-granted (``core.preemption``); None: off.
+    ``preempt_quantum_s``: the cap of a single-core CPU action's first quantum (twice its
+    kind's T_ori, ``preemption.quantum_of``); one that has run its quantum while work waits
+    on its node is demoted and its cores re-granted (``core.preemption``); None: off.
     Deadlines (``ActionSpec.deadline_s``) are enforced either way.
 
     ``memory_per_action``: envs hold their idle footprint and actions their memory grants

@@ -9,11 +9,23 @@ weight on all of the sandbox's cpus; its exclusive cores were re-granted by the 
 
 A run slow only because the host is contended has used little CPU: it is demoted only
 once it has used ``MIN_CPU_S`` (tried again every ``RETRY_S``), so a demotion lands on
-programs that compute for long, not on short ones that waited for a cpu.
-A verdict must never change because we demoted a run: its timeout is wall time (as
-SandboxFusion's), so a run is never demoted within ``final_window_s(timeout)`` of its
-limit, and a demoted one gets its normal weight back when it enters that window (a
-timer), competing as an equal for its last stretch instead of starving into a timeout.
+programs that compute, not on short ones that waited for a cpu.
+
+Aging: a demoted run's weight doubles every ``AGING_S`` it stays demoted (``aged_shares``),
+up to its normal weight, so the background level always moves: a run that waited
+``AGING_S * log2(1024 / DEMOTED_SHARES)`` (18 s) competes as an equal again. Runs demoted
+together carry equal weights, so among themselves they share processor-sharing style.
+
+The verdict rule (SandboxFusion's semantics, which the face keeps): a timeout is wall time
+from the run's start, demoted or not. A program needing less CPU than its first quantum is
+never demoted, so its verdict is the one it gets alone. A longer program is served after
+the shorter ones, sharing the background with the other long ones: for runs that arrive
+together this ends each no later than processor sharing (a SandboxFusion server, all runs
+at once under CFS) would, since a run's end under processor sharing is the sum over all
+runs of min(their CPU, its CPU), and size order serves only the smaller ones' CPU and an
+equal share with the larger before it ends. So a long-but-finite program gets the verdict
+a SandboxFusion server gives it under the same load (up to a quantum); a program whose
+timeout is within ``final_window_s`` when the demotion comes is never demoted.
 """
 
 from __future__ import annotations
@@ -22,14 +34,20 @@ import threading
 import time
 from collections.abc import Callable
 
-from arl_tangram.managers.cpu.sandbox import Sandbox
+from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES, Sandbox
 
-MIN_CPU_S = 0.2  # assumption: a run is demoted once it has *used* this much CPU, not merely waited
-RETRY_S = 0.1  # how often a wanted demotion is tried again until it has
+MIN_CPU_S = 0.05  # assumption: a run is demoted once it has *used* this much CPU (about a python start), not merely waited
+RETRY_S = 0.05  # how often a wanted demotion is tried again until it has
+AGING_S = 2.0  # assumption: a demoted run's weight doubles each AGING_S (see the module doc)
+
+
+def aged_shares(demoted_s: float) -> int:
+    """The CPU weight of a run demoted ``demoted_s`` ago (its normal weight caps it)."""
+    return int(min(1 << 20, DEMOTED_SHARES * 2 ** (max(0.0, demoted_s) / AGING_S)))
 
 
 def final_window_s(timeout_s: float) -> float:
-    """The last stretch of a run's timeout it always runs at its normal weight."""
+    """A run with less than this left of its timeout is never demoted."""
     return max(1.0, timeout_s / 3)
 
 
@@ -42,6 +60,7 @@ class RunHandle:
         self._limit_at = 0.0  # monotonic: when the run's timeout ends
         self._window_s = 0.0
         self._timer: threading.Timer | None = None
+        self._demoted_at = 0.0  # monotonic
         self._wanted = False
         self.demoted = False  # the slot was demoted (read by tests and reports)
 
@@ -70,16 +89,17 @@ class RunHandle:
 
     def _demote_locked(self) -> None:
         assert self._at is not None
-        promote_in_s = self._limit_at - self._window_s - time.monotonic()
-        if promote_in_s <= 0:
+        window_in_s = self._limit_at - self._window_s - time.monotonic()
+        if window_in_s <= 0:
             return  # near its limit: never demoted
         sandbox, slot = self._at
         if sandbox.slot_cpu_s(slot) < MIN_CPU_S:
-            self._arm(min(RETRY_S, promote_in_s), self._retry)
+            self._arm(min(RETRY_S, window_in_s), self._retry)
             return
         self.demoted = sandbox.demote(slot)
         if self.demoted:
-            self._arm(promote_in_s, self._promote)
+            self._demoted_at = time.monotonic()
+            self._arm(AGING_S, self._age)
 
     def _arm(self, after_s: float, fn: Callable[[], None]) -> None:
         if self._timer is not None:
@@ -93,7 +113,11 @@ class RunHandle:
             if self._at is not None and not self.demoted:
                 self._demote_locked()
 
-    def _promote(self) -> None:
+    def _age(self) -> None:
         with self._lock:
-            if self._at is not None:
-                self._at[0].promote()
+            if self._at is None:
+                return
+            shares = aged_shares(time.monotonic() - self._demoted_at)
+            self._at[0].promote(shares)
+            if shares < 1024:
+                self._arm(AGING_S, self._age)

@@ -311,12 +311,14 @@ class Sandbox:
             self._apply()
             return True
 
-    def promote(self) -> None:
-        """Undo ``demote``'s floor weight while the slot still runs (its run nears its limit)."""
+    def promote(self, shares: int | None = None) -> None:
+        """Raise a demoted run's weight while it still runs: to ``shares`` (aging; capped at
+        its normal weight), or back to its normal weight (None)."""
         with self.lock:
             if self._demoted and self.state in _LIVE:
                 h = self.holding
-                self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
+                normal = h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024
+                self._driver.set_shares(self.group, normal if shares is None else max(DEMOTED_SHARES, min(shares, normal)))
 
     def add_grant(self, millicores: int) -> int:
         """A sandbox-wide grant with no slot (``CpuManager.grant``); returns its token."""
