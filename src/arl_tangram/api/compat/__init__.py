@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from arl_tangram.api.compat import chat, openai_face, sandboxfusion, swerex
+from arl_tangram.api.compat import jupyter as _jupyter  # noqa: F401  (registers /run_jupyter on sandboxfusion.router)
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.tenancy import CompatSettings, CompatState
 from arl_tangram.runtime.config import ConfigError, TangramConfig

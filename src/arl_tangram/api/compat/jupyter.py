@@ -13,15 +13,27 @@ total timeout kills it.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from arl_tangram.api.compat import sandboxfusion as sf
 from arl_tangram.api.compat.pool import run_env_action
+from arl_tangram.api.compat.sandboxfusion import MAX_FILES, MAX_TIMEOUT_S, router, serve
 from arl_tangram.api.compat.tenancy import CompatState
 from arl_tangram.runtime.actions import ExecPayload
 from arl_tangram.runtime.controller import EnvFailedError
 
-if TYPE_CHECKING:
-    from arl_tangram.api.compat.sandboxfusion import RunJupyterRequest
+
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    cells: list[str]
+    cell_timeout: float = Field(0.0, ge=0, le=MAX_TIMEOUT_S)
+    total_timeout: float = Field(45.0, gt=0, le=MAX_TIMEOUT_S)
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_FILES)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_FILES)
 
 DRIVER = r'''
 import ast, contextlib, io, json, signal, sys, traceback
@@ -66,8 +78,6 @@ save()
 async def run_jupyter(compat: CompatState, tenant: str, body: RunJupyterRequest) -> dict[str, Any]:
     """Run the cells (see the module docstring) in a pooled sandbox; the same status rules
     and errors as ``run_code``. A cell that raised makes the run ``Failed``."""
-    from arl_tangram.api.compat import sandboxfusion as sf
-
     files = sf.decode_files(body.files)
     mem_bytes = compat.settings.default_mem_bytes
     try:
@@ -97,3 +107,11 @@ def _b64(text: str) -> str:
     import base64
 
     return base64.b64decode(text).decode() if text else "[]"
+
+
+@router.post("/run_jupyter")
+@router.post("/t/{token}/run_jupyter")
+async def run_jupyter_route(request: Request, body: RunJupyterRequest) -> Any:
+    """On the SandboxFusion face's router (``sandboxfusion.router``): this module registers
+    it, so the face imports nothing of the notebook driver."""
+    return await serve(request, lambda compat, tenant: run_jupyter(compat, tenant, body))

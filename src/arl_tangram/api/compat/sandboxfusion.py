@@ -35,14 +35,13 @@ import base64
 import binascii
 import math
 import time
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from arl_tangram.api.client_gone import wait_unless_gone
-from arl_tangram.api.compat import jupyter
 from arl_tangram.api.compat.languages import resolve
 from arl_tangram.api.compat.pool import env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
@@ -69,16 +68,6 @@ class RunCodeRequest(BaseModel):
     code: str
     stdin: str | None = None
     language: str = "python"
-    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_FILES)
-    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_FILES)
-
-
-class RunJupyterRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    cells: list[str]
-    cell_timeout: float = Field(0.0, ge=0, le=MAX_TIMEOUT_S)
-    total_timeout: float = Field(45.0, gt=0, le=MAX_TIMEOUT_S)
-    kernel: Literal["python3"] = "python3"
     files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_FILES)
     fetch_files: list[str] = Field(default_factory=list, max_length=MAX_FILES)
 
@@ -233,7 +222,7 @@ def overloaded_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"overloaded, retry: {exc}"}, status_code=504, headers=headers)
 
 
-async def _serve(request: Request, work: Any) -> Any:
+async def serve(request: Request, work: Any) -> Any:
     """Tenant, then ``work(compat, tenant)`` as a task of its own (a client that goes away
     does not strand a borrowed sandbox: the task is cancelled, which cancels its action and
     gives the sandbox back); overload -> 504, no credential -> 401."""
@@ -271,10 +260,4 @@ async def ping(request: Request) -> Any:
 @router.post("/run_code")
 @router.post("/t/{token}/run_code")
 async def run_code_route(request: Request, body: RunCodeRequest) -> Any:
-    return await _serve(request, lambda compat, tenant: run_code(compat, tenant, body))
-
-
-@router.post("/run_jupyter")
-@router.post("/t/{token}/run_jupyter")
-async def run_jupyter_route(request: Request, body: RunJupyterRequest) -> Any:
-    return await _serve(request, lambda compat, tenant: jupyter.run_jupyter(compat, tenant, body))
+    return await serve(request, lambda compat, tenant: run_code(compat, tenant, body))
