@@ -24,7 +24,7 @@ def test_bench_scheduler_json_has_rounds_per_queue_depth(capsys: pytest.CaptureF
 def test_bench_cpu_json_has_every_key_of_the_issue(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--json", "--creates", "3", "--resizes", "10", "--restarts", "2", "--execs", "5",
             "--enforce-seconds", "0.5", "--idle-sandboxes", "3", "--held-sandboxes", "5", "--idle-seconds", "0.5",
-            "--timeout-actions", "40", "--timeout-sandboxes", "4"]
+            "--timeout-actions", "40", "--timeout-sandboxes", "4", "--destroy-tasks", "50", "--leftover-actions", "10"]
     assert cpu.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     for key in ("create_p50_ms", "create_p99_ms", "resize_p50_us", "resize_p99_us", "restart_p50_ms",
@@ -34,6 +34,7 @@ def test_bench_cpu_json_has_every_key_of_the_issue(capsys: pytest.CaptureFixture
     assert result["idle_sandboxes"] == 5
     assert result["idle_cpu_cores"] < 0.5  # frozen sandboxes with busy loops use (almost) nothing
     assert result["timeout_actions"] == 40
+    assert result["destroy_busy_ms"] > 0 and result["action_leftover_procs"] == 0
     assert result["timed_out_alive_after_grace"] == result["timed_out_post_marker"] == result["timeout_wrong_outcome"] == 0
 
 

@@ -4,7 +4,7 @@ Measures on this host, with real sandboxes: cold sandbox creation, one grant + r
 (Allocate-on-Execution resize) against a restart with new limits, entering a sandbox to run
 ``true``, how closely a busy action's CPU matches its grant, and the CPU and memory that idle
 sandboxes (each with a background busy loop) cost, and hardening: destroy of a sandbox
-holding 500 busy tasks, what a ``kill -9`` of a manager leaves, and processes left by actions
+holding 500 busy tasks (``--destroy-tasks``), what a ``kill -9`` of a manager leaves, and processes left by actions
 that fork a background child, and timeouts that always kill (``cpu_timeouts``: 2,000
 concurrent actions timed out from 1 ms up, none alive past the kill grace). Progress goes to stderr; ``--json`` prints
 exactly one JSON object on stdout.
@@ -261,6 +261,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--timeout-actions", type=int, default=2000, help="concurrent actions that all time out")
     parser.add_argument("--timeout-sandboxes", type=int, default=50)
+    parser.add_argument("--destroy-tasks", type=int, default=500, help="busy tasks in the sandbox whose destroy is timed")
+    parser.add_argument("--leftover-actions", type=int, default=100, help="actions that each fork a background child")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     with CpuManager(CpuManagerConfig(default_spec=SPEC)) as mgr:
@@ -270,8 +272,8 @@ def main(argv: list[str]) -> int:
         result.update(bench_exec(mgr, args.execs))
         result.update(bench_enforce(mgr, args.enforce_seconds))
         result.update(bench_idle(mgr, args.idle_sandboxes, max(args.held_sandboxes, args.idle_sandboxes), args.idle_seconds))
-        result.update(bench_destroy_busy(mgr, 500))
-        result.update(bench_action_leftovers(mgr, 100))
+        result.update(bench_destroy_busy(mgr, args.destroy_tasks))
+        result.update(bench_action_leftovers(mgr, args.leftover_actions))
         result.update(bench_timeouts(mgr, args.timeout_actions, args.timeout_sandboxes))
     result.update(bench_kill9(SPEC))
     result["bench_s"] = time.perf_counter() - t0
