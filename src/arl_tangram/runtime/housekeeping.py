@@ -26,12 +26,8 @@ from arl_tangram.runtime.journal import Journal
 from arl_tangram.runtime.leases import EnvLeases, ExpiredEnv, Lease
 from arl_tangram.runtime.loop import Clock
 from arl_tangram.runtime.mem_reports import MemoryReporter, ReportHost
+from arl_tangram.runtime.shutdown import Creations
 from arl_tangram.runtime.tenants import Admission
-
-
-class _Creations(Protocol):
-    @property
-    def env_waiters(self) -> dict[str, asyncio.Future[str | None]]: ...
 
 
 class _Expiring(Protocol):
@@ -57,7 +53,7 @@ class HousekeepingHost(ReportHost, Protocol):
     def journal(self) -> Journal | None: ...
 
     @property
-    def executor(self) -> _Creations | None: ...
+    def executor(self) -> Creations | None: ...
 
     @property
     def admission(self) -> Admission: ...

@@ -25,7 +25,9 @@ from arl_tangram.core.events import ActionCancelled, Event
 from arl_tangram.runtime.actions import ActionResult, ActionStore
 
 
-class _Creations(Protocol):
+class Creations(Protocol):
+    """The executor's env creations in flight (``LiveExecutor`` has them)."""
+
     @property
     def env_waiters(self) -> dict[str, asyncio.Future[str | None]]: ...
 
@@ -34,7 +36,7 @@ class ShutdownHost(Protocol):
     """What ending pending work needs of the controller (``Controller`` is one)."""
 
     @property
-    def executor(self) -> _Creations | None: ...
+    def executor(self) -> Creations | None: ...
 
     @property
     def store(self) -> ActionStore: ...
