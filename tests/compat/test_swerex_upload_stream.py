@@ -40,7 +40,8 @@ async def runtime(server: ServerThread) -> AsyncIterator[RemoteRuntime]:
 
 async def test_an_upload_is_spooled_in_the_sandboxes_own_tmp(runtime: RemoteRuntime, tmp_path: Path) -> None:
     big = tmp_path / "big.bin"
-    big.write_bytes(b"z" * (12 << 20))  # fits the workspace (64 MiB), not the 8 MiB /tmp
+    big.write_bytes(b"z" * (48 << 20))  # fits the workspace (64 MiB), not the 8 MiB /tmp; most of it
+    # is still unsent when /tmp fills: the refusal must wait for the body, not reset it
     with pytest.raises(ValueError, match="free space in /tmp"):
         await runtime.upload(UploadRequest(source_path=str(big), target_path="/workspace/big.bin"))
     left = await runtime.execute(Command(command="ls -A /tmp /workspace", shell=True))
@@ -64,3 +65,30 @@ async def test_a_broken_archive_is_the_callers_error(runtime: RemoteRuntime, tmp
         body = await response.json()
     assert response.status == 511 and body["swerexception"]["class_path"] == "builtins.ValueError", body
     assert "zip archive" in body["swerexception"]["message"]
+
+
+async def test_a_refusal_mid_body_waits_for_the_rest_of_the_body() -> None:
+    """Answering while the client still sends resets the connection (the client then sees
+    a reset, not the refusal): ``receive_upload`` reads the whole body before it raises."""
+    from starlette.requests import Request
+
+    from arl_tangram.api.compat.upload_stream import BATCH_BYTES, receive_upload
+    from arl_tangram.managers.cpu.errors import ConflictError
+
+    head = b'--b\r\nContent-Disposition: form-data; name="file"; filename="f"\r\n\r\n'
+    chunks = [head] + [b"z" * BATCH_BYTES] * 6 + [b"\r\n--b--\r\n"]
+    sent = 0
+
+    async def receive() -> dict[str, object]:
+        nonlocal sent
+        sent += 1
+        return {"type": "http.request", "body": chunks[sent - 1], "more_body": sent < len(chunks)}
+
+    class FullSpool:
+        def write(self, data: bytes) -> None:
+            raise ConflictError("file", "must fit the sandbox's free space in /tmp (the upload is spooled there)", len(data))
+
+    scope = {"type": "http", "method": "POST", "path": "/upload", "headers": [(b"content-type", b"multipart/form-data; boundary=b")]}
+    with pytest.raises(ConflictError, match="free space in /tmp"):
+        await receive_upload(Request(scope, receive), FullSpool())
+    assert sent == len(chunks), f"refused after {sent} of {len(chunks)} body messages"

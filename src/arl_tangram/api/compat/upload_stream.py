@@ -61,7 +61,12 @@ class _Parts:
 
 async def receive_upload(request: Request, spool: Any) -> dict[str, str]:
     """Read the form: the ``file`` part into ``spool`` (its ``write`` runs on worker
-    threads), the other fields returned by name. 422 naming the rule when it is not a form."""
+    threads), the other fields returned by name. 422 naming the rule when it is not a form.
+
+    A refusal met mid-body (the spool is full, a field too long) is raised only after the
+    rest of the body was read and dropped: a server that answers while the client is still
+    sending resets the connection, and the client sees a reset instead of the refusal. The
+    drain is bounded by the edge (``max_upload_bytes``) like the body itself."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     boundary = options.get(b"boundary")
     if content_type != b"multipart/form-data" or not boundary:
@@ -71,22 +76,38 @@ async def receive_upload(request: Request, spool: Any) -> dict[str, str]:
     fields: dict[str, bytearray] = {}
     pending: list[bytes] = []
     pending_bytes = 0
+    refusal: Exception | None = None
     async for chunk in request.stream():
-        parser.write(chunk)
-        for name, data in parts.events:
-            if name == "file":
-                pending.append(data)
-                pending_bytes += len(data)
-            else:
-                value = fields.setdefault(name, bytearray())
-                value += data
-                if len(value) > MAX_FIELD_BYTES:
-                    raise SpecError(name, f"must be at most {MAX_FIELD_BYTES} bytes", len(value))
-        parts.events.clear()
-        if pending_bytes >= BATCH_BYTES:
-            await asyncio.to_thread(spool.write, b"".join(pending))
-            pending, pending_bytes = [], 0
+        if refusal is not None:
+            continue  # drained, see above
+        try:
+            parser.write(chunk)
+            pending_bytes += _sort_events(parts, fields, pending)
+            if pending_bytes >= BATCH_BYTES:
+                await asyncio.to_thread(spool.write, b"".join(pending))
+                pending, pending_bytes = [], 0
+        except Exception as exc:  # noqa: BLE001 - re-raised once the body is drained
+            refusal = exc
+    if refusal is not None:
+        raise refusal
     parser.finalize()
     if pending:
         await asyncio.to_thread(spool.write, b"".join(pending))
     return {name: bytes(value).decode("utf-8", "replace") for name, value in fields.items()}
+
+
+def _sort_events(parts: _Parts, fields: dict[str, bytearray], pending: list[bytes]) -> int:
+    """Move what the parser saw: file data to ``pending`` (returns its size), small fields
+    into ``fields`` (``SpecError`` past ``MAX_FIELD_BYTES``)."""
+    added = 0
+    for name, data in parts.events:
+        if name == "file":
+            pending.append(data)
+            added += len(data)
+        else:
+            value = fields.setdefault(name, bytearray())
+            value += data
+            if len(value) > MAX_FIELD_BYTES:
+                raise SpecError(name, f"must be at most {MAX_FIELD_BYTES} bytes", len(value))
+    parts.events.clear()
+    return added
