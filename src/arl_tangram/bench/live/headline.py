@@ -79,6 +79,9 @@ def _also(result: WorkloadResult) -> list[str]:
         out.append(who + ", ".join(f"{n} lost {k} rewards" for n, k in sorted(lost.items())) + ".")
     if isinstance(s.get("baseline_leaked_429"), int | float) and isinstance(s.get("leaked_429"), int | float):
         out.append(f"It leaked {int(s['leaked_429'])} provider 429s to trajectories, the baseline {int(s['baseline_leaked_429'])}.")
+    skipped = s.get("not_run_systems")
+    if isinstance(skipped, dict) and skipped:
+        out.append("; ".join(f"{n} {why}" for n, why in skipped.items()) + ".")
     ceiling, act = s.get("act_gain_ceiling"), s.get("act_gain")
     if isinstance(ceiling, int | float) and isinstance(act, int | float) and act < WIN and math.isfinite(ceiling):
         out.append(f"On this run's cores no scheduler could beat {base}'s ACT by more than {ceiling:.2f}x.")

@@ -60,7 +60,8 @@ def workload_table(result: WorkloadResult) -> str:
     """The side-by-side table of one workload, then its summary figures."""
     lines = [f"== {result.name} ==", HEADER]
     lines += [system_row(run) for run in result.runs]
-    long = ("parameters", "per_system", "by_kind")  # in the JSON; too wide for the table
+    lines += [f"{name:<16} {why}" for name, why in result.summary.get("not_run_systems", {}).items()]
+    long = ("parameters", "per_system", "by_kind", "not_run_systems")  # in the JSON; too wide for the table (or a row above)
     scalars = {k: v for k, v in result.summary.items() if not isinstance(v, list) and k not in long}
     lines.append("  " + "; ".join(f"{k} = {_fmt(v)}" for k, v in scalars.items()))
     if isinstance(result.summary.get("parameters"), dict):  # assumptions, printed so a reader can rerun with others

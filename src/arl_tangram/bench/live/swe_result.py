@@ -20,7 +20,7 @@ from typing import Any
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 from arl_tangram.bench.live.simcheck import fit_lognormal
 from arl_tangram.bench.live.swe_ceiling import ceiling
-from arl_tangram.bench.live.swe_plan import ACT_KINDS, GIB, SweConfig
+from arl_tangram.bench.live.swe_plan import ACT_KINDS, GIB, NOT_RUN_QUICK, SweConfig
 from arl_tangram.bench.live.swe_rollout import RolloutOutcome
 
 TANGRAM = "tangram"
@@ -165,6 +165,7 @@ def workload_result(runs: dict[str, tuple[list[RolloutOutcome], float]], config:
             step_gain_vs={r.system: _ratio(r.step_s, tangram.step_s) for r in pods},
         )  # fmt: skip
         summary.update(ceiling(runs[TANGRAM][0], cores, base.mean_act_s))
+    summary["not_run_systems"] = {name: NOT_RUN_QUICK for name in config.not_run}
     summary["parameters"] = config.describe(cores)
     return WorkloadResult("swe", list(systems.values()), summary, _fitted(runs, config, cores))
 
