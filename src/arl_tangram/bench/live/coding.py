@@ -86,13 +86,11 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
     progress.start(WORKLOAD, config.num_trajectories * len(systems) * config.steps)
     reward_config = TangramConfig(gpu=GpuConfig(devices=1, device_mem_bytes=256 << 20))
     async with arl_tangram.connect(config=reward_config, tenant="reward") as reward:
-        from arl_tangram.managers.gpu.models import minilm_path
-
         progress.note(WORKLOAD, "loading MiniLM reward service; calibrating HumanEval problems in a sandbox")
         # the model loads on a worker thread while the sandbox checks the problems (both take
         # seconds); the turns are timed once it has loaded, alone on the pool
         async with asyncio.TaskGroup() as group:
-            loading = group.create_task(reward.register_service(REWARD_SERVICE, handler="score", folder=str(minilm_path())))
+            loading = group.create_task(_register_reward(reward))
             calibrating = group.create_task(_calibrate(reward, config, cores, loading))
         problems, calibration = calibrating.result()
         by_id = {p.task_id: p for p in problems}
@@ -116,6 +114,19 @@ async def run_async(config: CodingConfig, progress: Progress, systems: tuple[str
     result.summary["host_load_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     result.summary["step_s_each"] = {system: [round(s, 3) for _, s, _ in steps] for system, steps in done.items()}
     return result
+
+
+async def _register_reward(reward: AsyncClient) -> None:
+    """Register the MiniLM reward service. Its package's first import (torch, seconds of
+    CPU) runs on a worker thread too, so the event loop meanwhile starts the calibration's
+    sandbox instead of waiting for it."""
+
+    def folder() -> str:
+        from arl_tangram.managers.gpu.models import minilm_path
+
+        return str(minilm_path())
+
+    await reward.register_service(REWARD_SERVICE, handler="score", folder=await asyncio.to_thread(folder))
 
 
 async def _calibrate(

@@ -55,7 +55,7 @@ def _skip_sklearn() -> None:
     ``transformers.generation`` has loaded, nor on importing sklearn elsewhere."""
     import transformers.utils as tf_utils
 
-    tf_utils.is_sklearn_available = lambda: False
+    setattr(tf_utils, "is_sklearn_available", lambda: False)  # noqa: B010 - typed as an lru_cache wrapper
 
 
 def minilm_path() -> Path:
