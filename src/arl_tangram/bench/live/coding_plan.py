@@ -43,9 +43,8 @@ class CodingConfig:
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:
-        """``--quick``: fewer trajectories and lighter test runs (the same shape); the think
-        time is calibrated on 2 problems, not 4 (it scales every system's thinks alike)."""
-        return cls(num_trajectories=8, num_problems=8, test_work_s=0.15, steps=1, calibration_problems=2, seed=seed)
+        """``--quick``: fewer trajectories and lighter test runs (the same shape)."""
+        return cls(num_trajectories=8, num_problems=8, test_work_s=0.15, steps=1, seed=seed)
 
     def pod_millicores(self, pool_cores: int) -> int:
         """What an operator requests per pod for this batch: pool cores / batch (PAPER)."""
