@@ -36,7 +36,7 @@ from arl_tangram.bench.live.report import WORKLOADS, json_object, render, write_
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="arl-tangram bench live", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (the table goes to stderr)")
-    parser.add_argument("--quick", action="store_true", help="smaller workloads (make demo, CI; swe halves T): ~150 s on a quiet 2-core host")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (make demo, CI; swe halves T and leaves the dominated k8s-guaranteed-fit to the full run)")
     parser.add_argument("--report-dir", type=Path, default=None, help="write PNG plots here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=WORKLOADS, action="append", help="run only these workloads (repeatable)")
