@@ -13,7 +13,8 @@ the same seeded plans (``swe_plan``) on each system in turn, on the same cores:
 - ``k8s-burstable-fit``: a pod per rollout sized so the batch fits at once (CPU request
   pool / batch as a cpu.shares weight, no CPU limit; memory request = limit = budget / batch):
   the spike is OOM-killed and that rollout's reward is lost.
-- ``k8s-guaranteed-fit``: the same sizes as limits.
+- ``k8s-guaranteed-fit``: the same sizes as limits (dominated by construction: ``--quick``
+  leaves it to the full run, ``swe_plan.QUICK_SKIPPED``).
 Every pod system sets up every rollout it runs (``swe_rollout.setup``).
 """
 
