@@ -82,11 +82,11 @@ def collect(
             env = envs.get(spec.binding.name)
             if env is None or not env.ready or env.node_id not in free:
                 continue  # its env is not ready yet
-            if snapshots.blocked(ed, spec, fenced):
-                continue  # a snapshot or rollback of its env goes first, alone
             node_id: str | None = env.node_id
             if not every_node and node_id not in touched:
-                continue  # its node's plan from an earlier round stands
+                continue  # its node's plan from an earlier round stands (its env's fence is moot)
+            if snapshots.blocked(ed, spec, fenced):
+                continue  # a snapshot or rollback of its env goes first, alone
             need = spec.demand_at(dop_of(qa))
             if env.per_action_memory:
                 room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
