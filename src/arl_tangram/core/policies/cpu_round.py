@@ -80,11 +80,13 @@ def collect(
         spec = qa.spec
         if spec.binding.kind == "env":
             env = envs.get(spec.binding.name)
-            if env is None or not env.ready or env.node_id not in free:
-                continue  # its env is not ready yet
+            if env is None:
+                continue
             node_id: str | None = env.node_id
             if not every_node and node_id not in touched:
                 continue  # its node's plan from an earlier round stands (its env's fence is moot)
+            if not env.ready or node_id not in free:
+                continue  # its env is not ready yet
             if snapshots.blocked(ed, spec, fenced):
                 continue  # a snapshot or rollback of its env goes first, alone
             need = spec.demand_at(dop_of(qa))
