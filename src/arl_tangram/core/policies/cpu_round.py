@@ -92,7 +92,7 @@ def collect(
             need = spec.demand_at(dop_of(qa))
             if env.per_action_memory:
                 room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
-                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[env.node_id]))
+                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[node_id]))
                 if mem > room and (spec.memory_bytes is not None or memory.learned_peak(ed, spec.kind) is not None):
                     continue  # a known demand its env's other actions leave no room for: it waits
                 mem = min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves
