@@ -8,16 +8,6 @@ before anyone borrows it again, off the caller's critical path. At most ``max_en
 of one (tenant, size) exist at once; a borrower beyond that waits for a free one, bounded
 by ``acquire_timeout_s`` (then ``Overloaded``, which the faces answer as retryable). An env
 that failed its reset, or whose lease the runtime reclaimed, is dropped, never reused.
-
-Why demoted runs do not count against ``max_envs`` (issue 26): the bound keeps the core's
-queue short, but a run the core has preempted (``core.preemption``: a program past its first
-quantum, typically one looping until its timeout) holds no cores, only its env. Counted, a
-crowd of looping programs held every env of the bucket for their whole timeouts while short
-programs waited for an env, not a core (measured: 48 looping runs of 3 s in 16 envs made
-the short calls wait 3.8 s at the median for an env, against 0.2 s in the core's queue).
-So a bucket may hold ``max_envs`` envs plus one per borrowed env whose run is preempted, up
-to ``DEMOTED_ENVS_PER_ENV`` x ``max_envs`` in all; a borrower waiting on a full bucket looks
-again every ``DEMOTED_POLL_S`` (a demotion is the core's decision, seen in its state).
 """
 
 from __future__ import annotations
@@ -35,7 +25,6 @@ from arl_tangram.client.client import ONE_CORE
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.errors import SpecError
-from arl_tangram.core.preemption import PREEMPTED
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
@@ -49,8 +38,6 @@ RESET_COMMAND = (
     '[ -z "$left" ] || { echo "reset left $left" >&2; exit 1; }'
 )
 RESET_TIMEOUT_S = 30.0
-DEMOTED_ENVS_PER_ENV = 2  # assumption: bounds the sandboxes a looping crowd may add (x max_envs)
-DEMOTED_POLL_S = 0.1  # assumption: how soon a waiting borrower sees a demotion (~a first quantum)
 log = logging.getLogger(__name__)
 
 
@@ -94,7 +81,6 @@ class _Bucket:
     changed: asyncio.Condition
     idle: list[str] = field(default_factory=list)
     live: int = 0
-    borrowed: set[str] = field(default_factory=set)  # envs lent out now (their runs may be demoted)
     used_s: float = 0.0  # last borrow or return, for evicting the least recently used idle env
 
 
@@ -144,20 +130,19 @@ class CodeEnvPool:
                     if env_id in self.state.controller.env_specs:  # its lease may have run out
                         self.state.controller.renew_env(env_id)
                         bucket.used_s = time.monotonic()
-                        bucket.borrowed.add(env_id)
                         return env_id
                     bucket.live -= 1
-                if bucket.live < self._capacity(bucket):
+                if bucket.live < self.max_envs:
                     fits = self._make_room(bucket, mem_bytes)
                     if fits or bucket.live == 0:  # with none of its own, it cannot wait on itself
                         bucket.live += 1
                         starved = not fits
                         break
                 left_s = deadline - time.monotonic()
-                if left_s <= 0:
-                    raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0)
-                with contextlib.suppress(TimeoutError):  # a timeout: look again (a run may have been demoted)
-                    await asyncio.wait_for(bucket.changed.wait(), min(left_s, DEMOTED_POLL_S))
+                try:
+                    await asyncio.wait_for(bucket.changed.wait(), max(left_s, 0.0))
+                except TimeoutError:
+                    raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
                 if self.state.closing:
                     raise Overloaded("the service is shutting down", 5.0)
         env_id = self.state.scoped(tenant, new_id("pool"))
@@ -165,28 +150,13 @@ class CodeEnvPool:
         if starved:
             self.starved.add(env_id)  # until it is placed, envs coming back are released, not kept
         try:
-            await self._create(env_id, tenant, mem_bytes, image)
-            bucket.borrowed.add(env_id)
-            return env_id
+            return await self._create(env_id, tenant, mem_bytes, image)
         except BaseException:
             await self._gone(bucket)
             raise
         finally:
             self.creating.pop(env_id, None)
             self.starved.discard(env_id)
-
-    def _capacity(self, bucket: _Bucket) -> int:
-        """How many envs the bucket may hold now: ``max_envs``, plus one per borrowed env
-        whose run the core has preempted (see the module doc)."""
-        state = self.state.controller.loop.state
-        demoted = 0
-        for env_id in bucket.borrowed:
-            for action_id in state.env_busy.get(env_id, ()):
-                run = state.running.get(action_id)
-                if run is not None and run.pause_cause == PREEMPTED:
-                    demoted += 1
-                    break
-        return min(self.max_envs + demoted, DEMOTED_ENVS_PER_ENV * self.max_envs)
 
     def _make_room(self, bucket: _Bucket, mem_bytes: int) -> bool:
         """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs.
@@ -231,7 +201,6 @@ class CodeEnvPool:
         then idle (or released when the pool is full, closing, or the env is not ``reusable``).
         Never raises."""
         bucket = self._bucket(tenant, mem_bytes, image)
-        bucket.borrowed.discard(env_id)
         if not reusable or self.closed or len(bucket.idle) >= self.max_idle:
             self._drop(env_id)
             self._spawn(self._gone(bucket))
