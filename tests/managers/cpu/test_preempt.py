@@ -68,3 +68,32 @@ def test_a_demoted_runs_weight_ages_back_up(manager: CpuManager, sandbox: str, m
     aged = _shares(manager, sandbox)
     runner.join(30)
     assert DEMOTED_SHARES < aged < 1024, aged  # risen with its wait, not yet back to its full weight
+
+
+def test_a_demoted_run_that_times_out_is_killed_at_its_normal_weight(
+    manager: CpuManager, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the floor weight a killed run's tasks (and the freezer stopping them) barely get
+    CPU on a busy host: looping runs of a 3-s timeout ended 5-19 s after their start."""
+    if manager.driver.version != 1:
+        pytest.skip("reads cgroup v1 cpu.shares")
+    seen: list[int] = []
+    kill_slot = manager.driver.kill_slot
+
+    def watched(group: str, slot: str) -> int:
+        seen.append(_shares(manager, sandbox))  # the weight the kill runs under
+        return kill_slot(group, slot)
+
+    monkeypatch.setattr(manager.driver, "kill_slot", watched)
+    handle = RunHandle()  # timeout 2 s: demotable during its first second
+    out: dict[str, object] = {}
+    spin = "python3 -c 'while True: pass'"
+    runner = threading.Thread(target=lambda: out.update(r=manager.exec(sandbox, spin, timeout_s=2.0, handle=handle)))
+    runner.start()
+    deadline = time.monotonic() + 0.9
+    while not handle.demote() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert handle.demoted
+    runner.join(30)
+    assert out["r"].outcome.value == "timed_out"  # type: ignore[attr-defined]
+    assert seen and seen[0] == 1024, seen
