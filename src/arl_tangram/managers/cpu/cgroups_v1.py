@@ -191,9 +191,15 @@ class CgroupV1Driver:
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
         """What the sandbox holds that reclaim cannot take back: resident anonymous memory and
-        shmem (its tmpfs pages: a file left in /tmp or an image env's writable upper)."""
+        shmem (its tmpfs pages: a file left in /tmp or an image env's writable upper).
+
+        ``memory.stat`` is flushed lazily (kernel 6.x: up to ~2 s behind), so right after a
+        spike exits it may still count the freed pages; the exact page counter
+        (``memory.usage_in_bytes``, cache included: it only bounds from above) caps it. A
+        stale spike charged as footprint would starve the node's next grants."""
         stat = read_keyed(self._path("memory", sandbox, "memory.stat"))
-        return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+        held = stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+        return min(held, read_int(self._path("memory", sandbox, "memory.usage_in_bytes"), held))
 
     def limit_root_memory(self, limit_bytes: int) -> bool:
         """Cap the root group's memory (every sandbox under it together): ``False``, and

@@ -161,8 +161,11 @@ class CgroupV2Driver:
         return V2HighWatch(self._path(sandbox), grant_bytes, ceiling_bytes)
 
     def sandbox_footprint_bytes(self, sandbox: str) -> int:
+        """Resident anonymous memory and shmem, capped by the exact ``memory.current`` (the
+        stat is flushed lazily: see ``CgroupV1Driver.sandbox_footprint_bytes``)."""
         stat = read_keyed(self._path(sandbox, "memory.stat"))
-        return stat.get("anon", 0) + stat.get("shmem", 0)
+        held = stat.get("anon", 0) + stat.get("shmem", 0)
+        return min(held, read_int(self._path(sandbox, "memory.current"), held))
 
     def limit_root_memory(self, limit_bytes: int) -> bool:
         """Cap the root group's memory (v2 always accounts children in their parent)."""
