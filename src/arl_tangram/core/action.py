@@ -130,7 +130,16 @@ class ActionSpec:
         """Total demand when running at ``dop`` units of the key resource."""
         if dop == self.dop_min:
             return self.demand_min
-        return self.demand_fixed + self.demand_per_unit.scale(dop)
+        by_dop = self._demand_by_dop
+        demand = by_dop.get(dop)
+        if demand is None:  # a fixed-DoP policy asks for the same DoP on every round
+            demand = by_dop[dop] = self.demand_fixed + self.demand_per_unit.scale(dop)
+        return demand
+
+    @functools.cached_property
+    def _demand_by_dop(self) -> dict[int, ResourceVector]:
+        """Demands at other DoPs already computed (vectors are immutable, so shared)."""
+        return {}
 
     @functools.cached_property
     def demand_min(self) -> ResourceVector:

@@ -250,7 +250,11 @@ class StateEditor:
     def w(self, name: str) -> dict[str, Any]:
         """The writable copy of table ``name`` (copied on first write this round)."""
         if name not in self._copied:
-            setattr(self, name, dict(getattr(self, name)))
+            frozen = getattr(self, name)
+            # A frozen table is a read-only proxy of a dict: its ``copy()`` is the dict's own
+            # (a fast C copy), where ``dict(proxy)`` reads it key by key (~13x slower, and it
+            # runs for the running set on most rounds).
+            setattr(self, name, frozen.copy() if isinstance(frozen, (dict, MappingProxyType)) else dict(frozen))
             self._copied.add(name)
         table: dict[str, Any] = getattr(self, name)
         return table

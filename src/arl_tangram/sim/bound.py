@@ -74,38 +74,68 @@ class BoundResult:
     iterations: int
 
 
-def _inner(inst: BoundInstance, lam: np.ndarray, bin_s: float, window_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class _Candidates:
+    """What the inner minimum evaluates that does not depend on ``λ``, built once per bound.
+
+    Only allowed (action, DoP) pairs are kept (a command allows one DoP of 32), as flat
+    arrays in row-major order. The start candidates ``e0`` and the bin edges after it are
+    the same for every DoP of an action, so their ``Λ`` is taken once per action. Each value
+    is the same elementwise expression as on the full table, so the bound is unchanged."""
+
+    rows: np.ndarray  # (P,) action of each pair
+    cols: np.ndarray  # (P,) DoP - 1 of each pair
+    t: np.ndarray  # (P,) T_i(m)
+    dops: np.ndarray  # (P,) m, as float
+    row_starts: np.ndarray  # (n, 1 + W) e0 and the bin edges after it, clipped to the horizon
+    end_starts: np.ndarray  # (P, W) bin edges after e0 + T, minus T, clipped
+    starts: np.ndarray  # (P, 1 + 2W) every candidate start
+    starts_plus_t: np.ndarray  # (P, 1 + 2W) every candidate start + T
+    delay: np.ndarray  # (P, 1 + 2W) every candidate start - e0
+
+    @classmethod
+    def of(cls, inst: BoundInstance, horizon: float, bin_s: float, window_bins: int) -> _Candidates:
+        rows, cols = np.nonzero(np.isfinite(inst.durations))
+        t = inst.durations[rows, cols]
+        e0_row = inst.arrivals_s + inst.overhead_s
+        j = np.arange(window_bins)
+        first_edge = np.ceil(e0_row / bin_s)[:, None] * bin_s + j * bin_s
+        row_starts = np.minimum(np.concatenate([e0_row[:, None], first_edge], axis=-1), np.maximum(horizon, e0_row[:, None]))
+        e0 = e0_row[rows][:, None]
+        first_end = np.ceil((e0 + t[:, None]) / bin_s) * bin_s + j * bin_s - t[:, None]
+        end_starts = np.minimum(np.maximum(first_end, e0), np.maximum(horizon, e0))
+        cands = np.concatenate([row_starts[rows], end_starts], axis=-1)
+        return cls(rows, cols, t, cols + 1.0, row_starts, end_starts, cands, cands + t[:, None], cands - e0)
+
+
+def _inner(inst: BoundInstance, lam: np.ndarray, bin_s: float, window_bins: int, cand: _Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per action: the inner minimum's value (a lower bound of it), and its (start, dop, duration)."""
     n, width = inst.durations.shape
     edges_cum = np.concatenate(([0.0], np.cumsum(lam) * bin_s))  # Λ at bin edges
-    horizon = len(lam) * bin_s
+    grid = np.arange(len(lam) + 1) * bin_s
 
     def big_l(x: np.ndarray) -> np.ndarray:  # Λ(0, x); λ = 0 beyond the grid
-        return np.interp(x, np.arange(len(lam) + 1) * bin_s, edges_cum)
+        return np.interp(x, grid, edges_cum)
 
-    e0 = inst.arrivals_s + inst.overhead_s
-    dops = np.arange(1, width + 1, dtype=float)
-    t = inst.durations  # (n, width)
-    ok = np.isfinite(t)
-    t_safe = np.where(ok, t, 0.0)
-    e0m = np.broadcast_to(e0[:, None], (n, width))
-    j = np.arange(window_bins)
-    # Candidates: e0, bin edges after e0, and (bin edges after e0 + T) - T.
-    first_edge = np.ceil(e0m / bin_s)[..., None] * bin_s + j * bin_s
-    first_end = np.ceil((e0m + t_safe) / bin_s)[..., None] * bin_s + j * bin_s - t_safe[..., None]
-    cands = np.concatenate([e0m[..., None], first_edge, np.maximum(first_end, e0m[..., None])], axis=-1)
-    cands = np.minimum(cands, np.maximum(horizon, e0m[..., None]))
-    cost = (cands - e0m[..., None]) + dops[None, :, None] * (big_l(cands + t_safe[..., None]) - big_l(cands))
+    at_start = np.concatenate([big_l(cand.row_starts)[cand.rows], big_l(cand.end_starts)], axis=-1)
+    cost = cand.delay + cand.dops[:, None] * (big_l(cand.starts_plus_t) - at_start)
     k = np.argmin(cost, axis=-1)
-    best = np.take_along_axis(cost, k[..., None], axis=-1)[..., 0]
+    pairs = np.arange(len(k))
+    best = cost[pairs, k]
     # Beyond the evaluated breakpoints a start costs at least its delay.
     covered = (window_bins - 1) * bin_s
     best = np.minimum(best, covered)
-    total = np.where(ok, best + inst.overhead_s + t_safe, np.inf)
+    total = np.full((n, width), np.inf)
+    total[cand.rows, cand.cols] = best + inst.overhead_s + cand.t
+    pair_of = np.zeros((n, width), dtype=np.intp)
+    pair_of[cand.rows, cand.cols] = pairs
     m_idx = np.argmin(total, axis=1)
     rows = np.arange(n)
-    starts = np.take_along_axis(cands[rows, m_idx], k[rows, m_idx][:, None], axis=-1)[:, 0]
-    return total[rows, m_idx], starts, m_idx + 1.0, t_safe[rows, m_idx]
+    chosen = pair_of[rows, m_idx]
+    values = total[rows, m_idx]
+    # An action with no allowed DoP (none in a simulated run) holds nothing: duration 0.
+    durs = np.where(np.isfinite(values), cand.t[chosen], 0.0)
+    return values, cand.starts[chosen, k[chosen]], m_idx + 1.0, durs
 
 
 def _usage(starts: np.ndarray, dops: np.ndarray, durs: np.ndarray, bins: int, bin_s: float) -> np.ndarray:
@@ -131,11 +161,12 @@ def capacity_bound(inst: BoundInstance, bin_s: float = 0.5, iterations: int = 60
     longest = float(np.max(np.where(np.isfinite(inst.durations), inst.durations, 0.0)))
     bins = int(np.ceil((float(inst.arrivals_s.max()) + inst.overhead_s + longest + window_bins * bin_s) / bin_s)) + 1
     lam = np.zeros(bins)
+    cand = _Candidates.of(inst, bins * bin_s, bin_s, window_bins)
     best = -np.inf
     ideal = 0.0
     done = 0
     for it in range(iterations):
-        values, starts, dops, durs = _inner(inst, lam, bin_s, window_bins)
+        values, starts, dops, durs = _inner(inst, lam, bin_s, window_bins, cand)
         dual = float(values.sum()) - inst.capacity * float(lam.sum()) * bin_s
         if it == 0:
             ideal = float(values.sum())

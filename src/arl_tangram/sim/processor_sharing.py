@@ -23,13 +23,12 @@ import numpy as np
 from arl_tangram.sim.bound import BoundInstance
 
 
-def _rates(durations: np.ndarray, first_dop: np.ndarray, dop_max: np.ndarray, share: float) -> np.ndarray:
-    """Work fraction per second of each row's action at ``share`` cores (capped at its dop_max)."""
+def _rates(durations: np.ndarray, idx: np.ndarray, first_dop: np.ndarray, dop_max: np.ndarray, share: float) -> np.ndarray:
+    """Work fraction per second of each ``idx`` action at ``share`` cores (capped at its dop_max)."""
     x = np.minimum(dop_max.astype(float), share)
     m = np.clip(np.floor(x).astype(int), 1, None)
     m = np.maximum(m, first_dop)
-    rows = np.arange(len(durations))
-    at_m = 1.0 / durations[rows, m - 1]
+    at_m = 1.0 / durations[idx, m - 1]  # only the entries used: no copy of the rows
     below = x < first_dop
     return np.where(below, at_m * x / first_dop, at_m)
 
@@ -47,19 +46,19 @@ def processor_sharing_mean_act_s(inst: BoundInstance) -> float:
     dop_max = finite.shape[1] - finite[:, ::-1].argmax(axis=1)
     order = np.argsort(inst.arrivals_s, kind="stable")
     starts = np.asarray(inst.arrivals_s, dtype=float)[order] + inst.overhead_s
-    active: list[int] = []
+    idx = np.empty(0, dtype=np.intp)  # the active actions, in arrival order
     left = np.ones(n_actions)
     end = np.zeros(n_actions)
     now, k = (float(starts[0]) if n_actions else 0.0), 0
-    while k < n_actions or active:
-        while k < n_actions and starts[k] <= now:
-            active.append(int(order[k]))
-            k += 1
-        if not active:
+    while k < n_actions or idx.size:
+        arrived = max(k, int(np.searchsorted(starts, now, side="right")))  # starts are sorted
+        if arrived > k:
+            idx = np.concatenate([idx, order[k:arrived]])
+            k = arrived
+        if not idx.size:
             now = float(starts[k])
             continue
-        idx = np.asarray(active)
-        rate = _rates(durations[idx], first_dop[idx], dop_max[idx], inst.capacity / len(idx))
+        rate = _rates(durations, idx, first_dop[idx], dop_max[idx], inst.capacity / len(idx))
         to_finish = left[idx] / rate
         step = float(to_finish.min())
         next_arrival = float(starts[k]) - now if k < n_actions else math.inf
@@ -68,6 +67,6 @@ def processor_sharing_mean_act_s(inst: BoundInstance) -> float:
         now += step
         done = left[idx] <= 1e-12
         end[idx[done]] = now
-        active = [a for a, d in zip(active, done, strict=True) if not d]
+        idx = idx[~done]
     arrivals = np.asarray(inst.arrivals_s, dtype=float)
     return float((end - arrivals).mean())

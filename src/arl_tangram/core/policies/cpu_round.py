@@ -80,17 +80,19 @@ def collect(
         spec = qa.spec
         if spec.binding.kind == "env":
             env = envs.get(spec.binding.name)
-            if env is None or not env.ready or env.node_id not in free:
+            if env is None:
+                continue
+            node_id: str | None = env.node_id
+            if not every_node and node_id not in touched:
+                continue  # its node's plan from an earlier round stands (its env's fence is moot)
+            if not env.ready or node_id not in free:
                 continue  # its env is not ready yet
             if snapshots.blocked(ed, spec, fenced):
                 continue  # a snapshot or rollback of its env goes first, alone
-            node_id: str | None = env.node_id
-            if not every_node and node_id not in touched:
-                continue  # its node's plan from an earlier round stands
             need = spec.demand_at(dop_of(qa))
             if env.per_action_memory:
                 room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
-                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[env.node_id]))
+                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[node_id]))
                 if mem > room and (spec.memory_bytes is not None or memory.learned_peak(ed, spec.kind) is not None):
                     continue  # a known demand its env's other actions leave no room for: it waits
                 mem = min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves

@@ -46,6 +46,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from arl_tangram.core import env_flow, ledger
 from arl_tangram.core.elasticity import ElasticityModel
@@ -116,27 +117,24 @@ def _flows(ed: StateEditor, nodes: Mapping[str, int], idle_pool: int, widest: in
     curves: dict[str, ElasticityModel] = {}
     ends: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
     active_on = dict.fromkeys(nodes, 0)
-    now, cpu = ed.now_s, ResourceKind.CPU
-    for run in ed.running.values():
-        node_ends = ends.get(run.node_id)
-        if node_ends is not None and run.grant.cpu_millicores:
-            node_ends.append((run.expected_end_s if run.expected_end_s > now else now, run.grant.cpu_millicores / MILLICORES_PER_CORE))
-        spec = run.spec
-        if spec.binding.kind != "env":
+    now = ed.now_s
+    facts = _run_facts(ed.running)
+    for node_id, cores, end, is_env, inv, elastic, kind, curve, speedup, millicores in facts:
+        node_ends = ends.get(node_id)
+        if node_ends is not None and cores:
+            node_ends.append((end if end > now else now, cores))
+        if not is_env:
             continue
         if node_ends is not None:
-            active_on[run.node_id] += 1
-        d = run.expected_end_s - run.started_s
-        inv = 1.0 / (d if d > _MIN_RUN_S else _MIN_RUN_S)
+            active_on[node_id] += 1
         rate += inv
-        if spec.key is cpu:
+        if elastic:
             elastic_rate += inv
-            kind = spec.kind
             if kind not in curves:
-                curves[kind] = spec.elasticity
-            weights[kind] = weights.get(kind, 0.0) + spec.elasticity.speedup(run.dop)
+                curves[kind] = curve
+            weights[kind] = weights.get(kind, 0.0) + speedup
         else:
-            command_millicores += run.grant.cpu_millicores  # cores · d / d
+            command_millicores += millicores  # cores · d / d
     if widest < 1:
         return None
     releases = {n: _prefix(sorted(v)) for n, v in ends.items()}
@@ -153,6 +151,40 @@ def _flows(ed: StateEditor, nodes: Mapping[str, int], idle_pool: int, widest: in
         releases=releases,
         active_on=active_on,
     )
+
+
+_Facts = tuple[str, float, float, bool, float, bool, str, ElasticityModel, float, int]
+_FACTS_MEMO: dict[str, tuple[object, _Facts]] = {}  # action id -> (its Running record, its facts)
+
+
+def _run_facts(running: Mapping[str, Any]) -> list[_Facts]:
+    """Per running action, in the running table's order, what ``_flows`` reads of it:
+    (node, cores, expected end, env-bound, 1/d, CPU-elastic, kind, curve, speedup at its
+    DoP, millicores). Memoised per record: a record is frozen, so while the table holds the
+    same record its facts stand, and most rounds change one or two records of hundreds.
+    Summed in the same order as before, so every float is the same."""
+    memo, out = _FACTS_MEMO, []
+    for aid, run in running.items():
+        hit = memo.get(aid)
+        if hit is None or hit[0] is not run:
+            hit = memo[aid] = (run, _facts_of(run))
+        out.append(hit[1])
+    if len(memo) > 2 * len(running) + 1024:  # forget finished actions now and then
+        for aid in [a for a in memo if a not in running]:
+            del memo[aid]
+    return out
+
+
+def _facts_of(run: Any) -> _Facts:
+    spec = run.spec
+    d = run.expected_end_s - run.started_s
+    inv = 1.0 / (d if d > _MIN_RUN_S else _MIN_RUN_S)
+    elastic = spec.key is ResourceKind.CPU
+    speedup = spec.elasticity.speedup(run.dop) if elastic and spec.binding.kind == "env" else 0.0
+    return (
+        run.node_id, run.grant.cpu_millicores / MILLICORES_PER_CORE, run.expected_end_s, spec.binding.kind == "env",
+        inv, elastic, spec.kind, spec.elasticity, speedup, run.grant.cpu_millicores,
+    )  # fmt: skip
 
 
 def _learned_flows(
