@@ -105,6 +105,9 @@ def _check_tenant_counts(state: ClusterState) -> None:
             queued[(lane, qa.spec.tenant)] += 1
     if dict(queued) != dict(state.tenant_queued):
         _fail(f"tenant queue counts {dict(state.tenant_queued)} != the queues' {dict(queued)}")
+    deadlines = sum(qa.spec.deadline_s is not None for qa in state.queue_cpu.values())
+    if deadlines != state.queued_deadlines:
+        _fail(f"queued_deadlines {state.queued_deadlines} != the CPU queue's {deadlines} actions with a deadline")
     held: dict[tuple[str, str], int] = defaultdict(int)
     for run in state.running.values():
         lane = lane_of(run.spec.binding.kind)

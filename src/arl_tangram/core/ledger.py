@@ -60,12 +60,20 @@ def observe_duration(ed: StateEditor, run: Running, exec_s: float) -> None:
     ed.w("estimates")[run.spec.kind] = (n + 1, mean + (t_ori - mean) / (n + 1))
 
 
+def note_deadline(ed: StateEditor, lane: str, spec: ActionSpec, delta: int) -> None:
+    """Count an action with a deadline into (+1) or out of (-1) ``queue_cpu``
+    (``ClusterState.queued_deadlines``)."""
+    if lane == "queue_cpu" and spec.deadline_s is not None:
+        ed.queued_deadlines += delta
+
+
 def enqueue(ed: StateEditor, spec: ActionSpec, arrived_s: float) -> QueuedAction:
     """Queue an accepted action at the end of its lane (FCFS within its tenant)."""
     lane = lane_of(spec.binding.kind)
     qa = QueuedAction(spec, arrived_s, ed.next_seq())
     ed.w(lane)[spec.action_id] = qa
     note_queued(ed, lane, spec.tenant, +1)
+    note_deadline(ed, lane, spec, +1)
     if spec.binding.kind == "env":
         env_flow.note_submitted(ed, spec, estimated_t_ori(ed, qa))
     return qa
@@ -113,6 +121,7 @@ def start_action(
     lane = lane_of(spec.binding.kind)
     del ed.w(lane)[spec.action_id]
     note_queued(ed, lane, spec.tenant, -1)
+    note_deadline(ed, lane, spec, -1)
     note_held(ed, lane, spec.tenant, share_units(lane, grant))
     if spec.binding.kind == "env":
         env_id = spec.binding.name
@@ -171,6 +180,7 @@ def requeue(ed: StateEditor, run: Running) -> QueuedAction:
     table[run.spec.action_id] = qa
     table.update(later)
     note_queued(ed, lane, run.spec.tenant, +1)
+    note_deadline(ed, lane, run.spec, +1)
     return qa
 
 
@@ -246,6 +256,7 @@ def reject(ed: StateEditor, action_id: str, reason: str, cause: str, outcome: st
         lane = lane_of(qa.spec.binding.kind)
         del ed.w(lane)[action_id]
         note_queued(ed, lane, qa.spec.tenant, -1)
+        note_deadline(ed, lane, qa.spec, -1)
     return RejectAction(action_id, reason, cause, outcome)
 
 

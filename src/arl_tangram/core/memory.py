@@ -86,9 +86,30 @@ def observe_peak(ed: StateEditor, kind: str, peak_bytes: int | None) -> None:
     ed.w("mem_peaks")[kind] = peaks
 
 
+# kind -> (the peaks tuple last read, its learned peak): a round asks once per queued action
+# of the kind, and sorting the window each time was a visible share of a scheduling round.
+_PEAK_MEMO: dict[str, tuple[tuple[int, ...], int | None]] = {}
+
+
 def learned_peak(ed: StateEditor, kind: str) -> int | None:
-    """The learned demand of ``kind``: its peaks' ``PEAK_QUANTILE`` times ``PEAK_MARGIN``."""
+    """The learned demand of ``kind``: its peaks' ``PEAK_QUANTILE`` times ``PEAK_MARGIN``.
+
+    Memoised on the identity of the kind's peaks tuple: a tuple never changes (a new peak
+    makes a new one, ``observe_peak``) and the memo holds it, so its id cannot be reused."""
     peaks = ed.mem_peaks.get(kind, ())
+    hit = _PEAK_MEMO.get(kind)
+    if hit is not None and hit[0] is peaks:
+        return hit[1]
+    value = _learned_peak_of(peaks)
+    if not isinstance(peaks, tuple):
+        return value  # a caller's mutable sequence: its identity proves nothing
+    if len(_PEAK_MEMO) > 4096:  # kinds are few; a run that names thousands starts afresh
+        _PEAK_MEMO.clear()
+    _PEAK_MEMO[kind] = (peaks, value)
+    return value
+
+
+def _learned_peak_of(peaks: tuple[int, ...]) -> int | None:
     if len(peaks) < PEAK_MIN_SAMPLES:
         return None
     ordered = sorted(peaks)

@@ -77,8 +77,17 @@ def latest_start_s(ed: StateEditor, qa: QueuedAction) -> float | None:
     return qa.submitted_s + spec.deadline_s - need_s
 
 
+def any_deadline(ed: StateEditor) -> bool:
+    """Whether a queued CPU action carries a deadline (``ClusterState.queued_deadlines``):
+    both deadline passes below run every round, and when none does (the simulator's sweep)
+    their loops over the queue were a tenth of a fixed-DoP round."""
+    return ed.queued_deadlines > 0
+
+
 def reject_late(ed: StateEditor, cause: str) -> list[Decision]:
     """End every queued CPU action that can no longer start in time (see the module doc)."""
+    if not any_deadline(ed):
+        return []
     late: list[tuple[str, float]] = []
     for aid, qa in ed.queue_cpu.items():
         at = latest_start_s(ed, qa)
@@ -98,6 +107,8 @@ def reject_late(ed: StateEditor, cause: str) -> list[Decision]:
 
 def next_deadline_s(ed: StateEditor) -> float | None:
     """The earliest latest-start of a queued CPU action still ahead (a wake-up for it)."""
+    if not any_deadline(ed):
+        return None
     ats = [at for qa in ed.queue_cpu.values() if (at := latest_start_s(ed, qa)) is not None and at > ed.now_s]
     return min(ats) if ats else None
 

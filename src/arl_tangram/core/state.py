@@ -184,6 +184,9 @@ class ClusterState:
     # Memory pressure (core/mem_pressure.py): node -> bytes of the ledger's free memory that
     # the node's last report says are not really free (absent: none).
     mem_shortfall: Mapping[str, int] = field(default_factory=dict)
+    # How many actions in ``queue_cpu`` carry a deadline (core/ledger.py keeps it): when
+    # none does, a round skips the deadline passes over the queue (core/preemption.py).
+    queued_deadlines: int = 0
 
     def queued(self) -> dict[str, QueuedAction]:
         """Every queued action, all lanes, in FCFS (sequence) order."""
@@ -233,11 +236,13 @@ class StateEditor:
     mem_peaks: Mapping[str, tuple[int, ...]]
     mem_waits: Mapping[str, int]
     mem_shortfall: Mapping[str, int]
+    queued_deadlines: int
 
     def __init__(self, base: ClusterState, now_s: float) -> None:
         self.spec = base.spec
         self.now_s = now_s
         self.seq = base.seq
+        self.queued_deadlines = base.queued_deadlines
         self._base = base
         for name in _TABLES:
             setattr(self, name, getattr(base, name))
@@ -280,7 +285,7 @@ class StateEditor:
         tables: dict[str, Any] = {
             n: MappingProxyType(getattr(self, n)) if n in self._copied else getattr(self, n) for n in _TABLES
         }
-        return replace(self._base, spec=self.spec, now_s=self.now_s, seq=self.seq, **tables)
+        return replace(self._base, spec=self.spec, now_s=self.now_s, seq=self.seq, queued_deadlines=self.queued_deadlines, **tables)
 
     def add_node_tables(self, node: CpuNodeSpec | GpuNodeSpec) -> None:
         """Free capacity for a node that just joined (``self.spec`` already lists it)."""

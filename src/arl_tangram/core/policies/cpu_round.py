@@ -10,16 +10,18 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 
 from arl_tangram.core import ledger, memory, snapshots
+from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.opportunity import knee
 from arl_tangram.core.policies.waterfill import Claim
-from arl_tangram.core.resources import ResourceKind, ResourceVector
-from arl_tangram.core.state import QueuedAction, StateEditor
+from arl_tangram.core.resources import ResourceKind
+from arl_tangram.core.state import EnvState, QueuedAction, StateEditor
 
 
 @dataclass
@@ -63,21 +65,18 @@ def collect(
     pools = Pools()
     free = {n: [f.free_millicores, memory.admissible_bytes(ed, n, mem_reserve_bytes)] for n, f in ed.cpu.items()}
     env_room: dict[str, int] = {}
-    # what a node could grant one action once nothing else runs there: no grant is larger,
-    # so every action fits some day (a demand above it pauses and grows, or is ended)
-    idle_room = {n: f.free_mem_bytes - mem_reserve_bytes for n, f in ed.cpu.items()}
-    for run in ed.running.values():
-        if run.node_id in idle_room:
-            idle_room[run.node_id] += run.grant.mem_bytes
+    idle_room: dict[str, int] = {}  # filled on first use (_idle_room): many rounds never need it
     reserved: set[str] = set()
-    taken = scanned = 0
+    taken = 0
     envs, touched, every_node = ed.envs, ed.touched, "*" in ed.touched
     fenced: set[str] = set()  # envs an exclusive action (snapshot, rollback) holds this round
-    for qa in share_order(ed, "queue_cpu"):  # the hot loop of a round: kept lean on purpose
-        scanned += 1
-        if scanned > scan_limit:
-            break
+    # the hot loop of a round: kept lean on purpose (plain ints, no vectors built per action)
+    hot = None if every_node else _envs_on(ed, touched)
+    for qa in islice(share_order(ed, "queue_cpu"), scan_limit):
         spec = qa.spec
+        if hot is not None and spec.binding.name not in hot and spec.binding.kind == "env":
+            continue  # its env is gone or on a node nothing touched: the checks below would say so
+        base = None
         if spec.binding.kind == "env":
             env = envs.get(spec.binding.name)
             if env is None:
@@ -89,27 +88,29 @@ def collect(
                 continue  # its env is not ready yet
             if snapshots.blocked(ed, spec, fenced):
                 continue  # a snapshot or rollback of its env goes first, alone
-            need = spec.demand_at(dop_of(qa))
+            base = spec.demand_at(dop_of(qa))
+            need_mc, need_mem = base.cpu_millicores, base.mem_bytes
             if env.per_action_memory:
-                room = env_room.setdefault(env.spec.env_id, memory.env_headroom(ed, env))
-                mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room[node_id]))
-                if mem > room and (spec.memory_bytes is not None or memory.learned_peak(ed, spec.kind) is not None):
+                if not idle_room:
+                    idle_room = _idle_room(ed, mem_reserve_bytes)
+                mem = _env_grant(ed, env, spec, env_room, idle_room[node_id])
+                if mem is None:
                     continue  # a known demand its env's other actions leave no room for: it waits
-                mem = min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves
-                need = need + ResourceVector(mem_bytes=mem)
+                need_mem += mem
         else:
-            need = spec.demand_at(dop_of(qa))
-            node_id = _node_for(ed, qa, free, need.cpu_millicores, need.mem_bytes)
+            base = spec.demand_at(dop_of(qa))
+            need_mc, need_mem = base.cpu_millicores, base.mem_bytes
+            node_id = _node_for(ed, qa, free, need_mc, need_mem)
             if node_id is None:
                 continue
         assert node_id is not None
         f = free[node_id]
-        fits = f[0] >= need.cpu_millicores and f[1] >= need.mem_bytes
+        fits = f[0] >= need_mc and f[1] >= need_mem
         if fits and node_id not in reserved and taken < depth:
-            f[0] -= need.cpu_millicores
-            f[1] -= need.mem_bytes
+            f[0] -= need_mc
+            f[1] -= need_mem
             if spec.binding.name in env_room:
-                mem_grant = need.mem_bytes - spec.demand_at(dop_of(qa)).mem_bytes
+                mem_grant = need_mem - base.mem_bytes
                 env_room[spec.binding.name] -= mem_grant
                 pools.mem[spec.action_id] = mem_grant
             pools.candidates[node_id].append(qa)
@@ -122,6 +123,55 @@ def collect(
         if pools.oldest_blocked_s is None:
             pools.oldest_blocked_s = qa.submitted_s
     return pools
+
+
+_ENVS_BY_NODE_MEMO: list[object] = [None, None]  # (a frozen envs table, its env ids per node)
+
+
+def _envs_on(ed: StateEditor, nodes: set[str]) -> set[str]:
+    """The ids of the envs placed on ``nodes``: a round's queue walk skips the others by
+    one set lookup. The per-node index is memoised on the envs table of the round's base
+    state, as ``opportunity.ready_envs_per_node`` is, for the same reasons: an unwritten
+    table is a past state's and immutable, the memo holds it (its id cannot be reused), and
+    a table written this round is indexed afresh and not kept (most rounds write none)."""
+    envs = ed.envs
+    if _ENVS_BY_NODE_MEMO[0] is envs:
+        by_node: dict[str | None, set[str]] = _ENVS_BY_NODE_MEMO[1]  # type: ignore[assignment]
+    else:
+        by_node = defaultdict(set)
+        for env_id, env in envs.items():
+            by_node[env.node_id].add(env_id)
+        by_node = dict(by_node)
+        if "envs" not in ed._copied:  # noqa: SLF001 -- the base table is immutable, see above
+            _ENVS_BY_NODE_MEMO[0], _ENVS_BY_NODE_MEMO[1] = envs, by_node
+    hot: set[str] = set()
+    for node_id in nodes:
+        hot |= by_node.get(node_id, set())
+    return hot
+
+
+def _idle_room(ed: StateEditor, mem_reserve_bytes: int) -> dict[str, int]:
+    """What each node could grant one action once nothing else runs there: no grant is
+    larger, so every action fits some day (a demand above it pauses and grows, or is ended)."""
+    idle_room = {n: f.free_mem_bytes - mem_reserve_bytes for n, f in ed.cpu.items()}
+    for run in ed.running.values():
+        if run.node_id in idle_room:
+            idle_room[run.node_id] += run.grant.mem_bytes
+    return idle_room
+
+
+def _env_grant(ed: StateEditor, env: EnvState, spec: ActionSpec, env_room: dict[str, int], idle_room: int) -> int | None:
+    """The memory grant of an action on an env charged per action (``core.memory``), within
+    what its node could ever grant (``idle_room``) and what its env's limit leaves beside
+    the actions already taken this round (``env_room``, filled per env on first use); None
+    when its demand is known and does not fit there: it waits."""
+    room = env_room.get(env.spec.env_id)
+    if room is None:
+        room = env_room[env.spec.env_id] = memory.env_headroom(ed, env)
+    mem = min(memory.action_grant(ed, env, spec.memory_bytes, spec.kind), max(0, idle_room))
+    if mem > room and (spec.memory_bytes is not None or memory.learned_peak(ed, spec.kind) is not None):
+        return None
+    return min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves
 
 
 def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, cap: int | None = None) -> Claim:
