@@ -2,8 +2,8 @@
 dying and resumes when memory is granted, whether it faults memory in or writes a tmpfs
 (a charge a hard limit at the grant would fail with ENOMEM); past its env's limit it ends
 ``oom_killed`` and the env works again; paused time never counts against its timeout; a
-leaked tmpfs file shows in the env's footprint, a spike that exited does not. The test plays the controller (grow or kill
-on a pause).
+leaked tmpfs file shows in the env's footprint, a spike that exited does not. The test
+plays the controller (grow or kill on a pause).
 """
 
 from __future__ import annotations
