@@ -28,7 +28,8 @@ Deadlines (``ActionSpec.deadline_s``): a queued action must start by
 ``submitted_s + deadline_s - timeout_s`` (its timeout, else its estimated duration), so
 that even running to its limit it ends before its caller stops waiting; past that it ends
 ``rejected`` with a reason starting ``deadline:`` (retryable: the SandboxFusion face
-answers 504, which verl retries). Candidates are otherwise served FCFS.
+answers 504, which verl retries). Candidates are otherwise served in the round's queue
+order (short-first by due time, ``policies.short_first``; FCFS when it is off).
 """
 
 from __future__ import annotations

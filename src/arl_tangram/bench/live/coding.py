@@ -42,7 +42,13 @@ from arl_tangram.bench.live.coding_plan import (
 )
 from arl_tangram.bench.live.coding_records import ActionRecord, TrajectoryOutcome
 from arl_tangram.bench.live.coding_result import workload_result
-from arl_tangram.bench.live.common import LiveOptions, Progress, SystemRun, WorkloadResult
+from arl_tangram.bench.live.common import (
+    LiveOptions,
+    Progress,
+    SystemRun,
+    WorkloadResult,
+    elastic_params,
+)
 from arl_tangram.client import AsyncClient, Elastic
 from arl_tangram.runtime.actions import ActionResult
 from arl_tangram.runtime.config import GpuConfig, SchedulerConfig, TangramConfig
@@ -76,7 +82,7 @@ def pool_cores() -> int:
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the coding workload on every system; see the module docstring."""
     config = CodingConfig.quick(opts.seed) if opts.quick else CodingConfig(seed=opts.seed)
-    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s)
+    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s, short_first_slowdown=opts.short_first_slowdown)
     return asyncio.run(run_async(config, progress))
 
 
@@ -168,7 +174,7 @@ def _service_bytes(client: AsyncClient) -> int:
 
 def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConfig:
     if system == "tangram":
-        params = {} if config.preempt_quantum_s is None else {"preempt_quantum_s": config.preempt_quantum_s}
+        params = elastic_params(config.preempt_quantum_s, config.short_first_slowdown)
         return TangramConfig(scheduler=SchedulerConfig("elastic", params))  # type: ignore[arg-type]
     if system in ("k8s-guaranteed", "k8s-burstable"):
         return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": config.pod_millicores(cores)}))

@@ -40,6 +40,7 @@ class CodingConfig:
     calibration_problems: int = 4  # problems whose turn is timed at calibration (a mean: one problem's turn varies by half between problems)
     seed: int = 0
     preempt_quantum_s: float | None = None  # tangram's preemption (issue 26; bench live --preempt-quantum-s); None: off
+    short_first_slowdown: float | None = None  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS); None: the policy's default
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:

@@ -27,6 +27,13 @@ class LiveOptions:
     seed: int = 0
     judge: str = "minilm"  # DeepSearch's judge: "minilm" or "generative" (``judges.py``)
     preempt_quantum_s: float | None = None  # coding's tangram runs with preemption (issue 26); None: off
+    short_first_slowdown: float | None = None  # swe's and coding's tangram queue order (0: FCFS); None: the policy's default
+
+
+def elastic_params(preempt_quantum_s: float | None = None, short_first_slowdown: float | None = None) -> dict[str, float]:
+    """A tangram run's elastic-policy parameters: those the command line set (None: the default)."""
+    params = {"preempt_quantum_s": preempt_quantum_s, "short_first_slowdown": short_first_slowdown}
+    return {k: v for k, v in params.items() if v is not None}
 
 
 class Progress:

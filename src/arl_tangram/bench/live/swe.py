@@ -32,7 +32,7 @@ from typing import Any
 import arl_tangram
 from arl_tangram.bench.image_kit import CACHE_DIR
 from arl_tangram.bench.live import swe_images
-from arl_tangram.bench.live.common import LiveOptions, Progress, WorkloadResult
+from arl_tangram.bench.live.common import LiveOptions, Progress, WorkloadResult, elastic_params
 from arl_tangram.bench.live.swe_plan import PodSize, RolloutPlan, SweConfig, make_plans
 from arl_tangram.bench.live.swe_repo import SweTask, make_task
 from arl_tangram.bench.live.swe_result import workload_result
@@ -73,7 +73,8 @@ def prepare(config: SweConfig, base: Path | None = None, store_path: Path = STOR
 
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the SWE workload on every system; see the module docstring."""
-    config = SweConfig.quick(opts.seed) if opts.quick else SweConfig(seed=opts.seed)
+    slowdown = opts.short_first_slowdown
+    config = SweConfig.quick(opts.seed, slowdown) if opts.quick else SweConfig(seed=opts.seed, short_first_slowdown=slowdown)
     return asyncio.run(run_async(config, progress))
 
 
@@ -117,7 +118,8 @@ def system_config(system: str, config: SweConfig, cores: int, store_path: Path) 
     memory set to the run's budget (what the scheduler may place)."""
     images, cpu = ImagesConfig(store_path=str(store_path)), CpuConfig(node_mem_bytes=config.budget_bytes)
     if system == "tangram":
-        return TangramConfig(scheduler=SchedulerConfig("elastic"), cpu=cpu, images=images)
+        params = elastic_params(short_first_slowdown=config.short_first_slowdown)
+        return TangramConfig(scheduler=SchedulerConfig("elastic", params), cpu=cpu, images=images)  # type: ignore[arg-type]
     pod = config.pod_size(system, cores)
     return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": pod.millicores}), cpu=cpu, images=images)
 

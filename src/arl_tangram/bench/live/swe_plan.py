@@ -57,15 +57,16 @@ class SweConfig:
     action_timeout_s: float = 600.0  # generous: a Guaranteed-fit pod at 62 millicores runs the suite for ~30 s
     repo: RepoConfig = field(default_factory=RepoConfig)
     systems: tuple[str, ...] = SYSTEMS
+    short_first_slowdown: float | None = None  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS); None: the policy's default
     not_run: tuple[str, ...] = ()  # systems left out of this run, which the report names with NOT_RUN_QUICK (quick: QUICK_SKIPPED)
     seed: int = 0
 
     @classmethod
-    def quick(cls, seed: int = 0) -> SweConfig:
+    def quick(cls, seed: int = 0, short_first_slowdown: float | None = None) -> SweConfig:
         """``--quick``: half the tasks (issue 24), the same shape, and the dominated pod
         system (``QUICK_SKIPPED``) left to the full run."""
         systems = tuple(s for s in SYSTEMS if s not in QUICK_SKIPPED)
-        return cls(num_tasks=2, seed=seed, systems=systems, not_run=QUICK_SKIPPED)
+        return cls(num_tasks=2, seed=seed, systems=systems, not_run=QUICK_SKIPPED, short_first_slowdown=short_first_slowdown)
 
     @property
     def batch(self) -> int:

@@ -1,4 +1,5 @@
-"""Core: one CPU scheduling round: FCFS candidates, per-node pools, allocation, eviction.
+"""Core: one CPU scheduling round: candidates in queue order (short-first by due time, or
+FCFS), per-node pools, allocation, eviction.
 
 Shared by the elastic policy (water-filling + greedy eviction) and the fixed-DoP ablation
 (every elastic action gets exactly k units, no eviction).
@@ -17,6 +18,7 @@ from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
 from arl_tangram.core.fair_share import share_order
+from arl_tangram.core.policies import short_first
 from arl_tangram.core.policies.eviction import plan_pool
 from arl_tangram.core.policies.opportunity import knee
 from arl_tangram.core.policies.waterfill import Claim
@@ -26,7 +28,7 @@ from arl_tangram.core.state import EnvState, QueuedAction, StateEditor
 
 @dataclass
 class Pools:
-    """Candidates per node (FCFS) and the backlog of queued actions that did not fit."""
+    """Candidates per node (in the walk's order) and the backlog of queued actions that did not fit."""
 
     candidates: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
     backlog: dict[str, list[QueuedAction]] = field(default_factory=lambda: defaultdict(list))
@@ -50,9 +52,10 @@ def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], nee
 
 def collect(
     ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024,
-    mem_reserve_bytes: int = 0,
+    mem_reserve_bytes: int = 0, slowdown: float = 0.0,
 ) -> Pools:  # fmt: skip
-    """Walk the queue FCFS and take up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
+    """Walk the queue (FCFS, or by due time when ``slowdown`` > 0: ``short_first``) and take
+    up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
 
     Skipping an action that does not fit lets smaller ones backfill, but once the head of a
     node's line has waited ``aging_s`` the node is reserved for it: no later action starts
@@ -72,7 +75,7 @@ def collect(
     fenced: set[str] = set()  # envs an exclusive action (snapshot, rollback) holds this round
     # the hot loop of a round: kept lean on purpose (plain ints, no vectors built per action)
     hot = None if every_node else _envs_on(ed, touched)
-    for qa in islice(share_order(ed, "queue_cpu"), scan_limit):
+    for qa in short_first.by_due_time(ed, islice(share_order(ed, "queue_cpu"), scan_limit), slowdown, aging_s):
         spec = qa.spec
         if hot is not None and spec.binding.name not in hot and spec.binding.kind == "env":
             continue  # its env is gone or on a node nothing touched: the checks below would say so
