@@ -44,6 +44,13 @@ from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 
+#: the launcher's own timer fires this long after the run's deadline. It is a backstop for a
+#: manager whose threads run late; set at the deadline itself it raced the manager's stop
+#: (a vfork spawn takes under a millisecond, a select wakes ~2 ms late), and won, so a
+#: demoted run was killed at its floor CPU weight instead of promoted first (``_stop``).
+LAUNCHER_BACKSTOP_MARGIN_S = 0.1
+
+
 @dataclass(frozen=True)
 class ActionRequest:
     """A validated program run. ``env`` is the complete environment inside the sandbox."""
@@ -67,8 +74,8 @@ def spawn_in_slot(
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``argv`` inside the sandbox, its process already in ``slot``'s cgroups. With
     ``timeout_s`` the native launcher also kills the program's process group on its own
-    timer (a backstop kept by the kernel: ``pump``'s deadline, measured from earlier, comes
-    first unless the manager's threads run late)."""
+    timer (a backstop kept by the kernel: ``_run`` sets it ``LAUNCHER_BACKSTOP_MARGIN_S``
+    after ``pump``'s deadline, which then comes first unless the manager's threads run late)."""
     join = sandbox.slot_join_files(slot)
     launcher = launcher_path()
     if launcher is not None:
@@ -172,7 +179,7 @@ def _run(
     driver.reset_slot_counters(sandbox.group, slot)
     oom_before = driver.oom_kills(sandbox.group)
     started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
-    backstop_s = req.timeout_s if req.paused_s is None else None
+    backstop_s = req.timeout_s + LAUNCHER_BACKSTOP_MARGIN_S if req.paused_s is None else None
     proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
     t_spawned = time.perf_counter()
     res = pump(
