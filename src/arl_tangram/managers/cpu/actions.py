@@ -43,7 +43,6 @@ from arl_tangram.managers.cpu.proc_io import OutputSink, PumpResult, pump
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
-
 #: the launcher's own timer fires this long after the run's deadline. It is a backstop for a
 #: manager whose threads run late; set at the deadline itself it raced the manager's stop
 #: (a vfork spawn takes under a millisecond, a select wakes ~2 ms late), and won, so a
