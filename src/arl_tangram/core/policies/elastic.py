@@ -48,7 +48,7 @@ class ElasticPolicy(Policy):
 
     ``short_first_slowdown``: the CPU queue is walked by due time, an action's arrival plus
     this many times its expected size (``short_first``), so short actions pass long ones
-    that arrived with them; 0: FCFS (as before issue 26's ordering).
+    that arrived with them; 0: FCFS.
 
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
