@@ -12,6 +12,8 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
+from arl_tangram.core.policies.elastic import DEFAULT_SHORT_FIRST_SLOWDOWN
+
 MILLICORES_PER_CORE = 1000
 #: deliberately broken variants: each replaces the canonical body after the prompt
 BROKEN_BODIES = {
@@ -40,7 +42,7 @@ class CodingConfig:
     calibration_problems: int = 4  # problems whose turn is timed at calibration (a mean: one problem's turn varies by half between problems)
     seed: int = 0
     preempt_quantum_s: float | None = None  # tangram's preemption (issue 26; bench live --preempt-quantum-s); None: off
-    short_first_slowdown: float | None = None  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS); None: the policy's default
+    short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS)
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:

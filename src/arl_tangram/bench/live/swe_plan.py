@@ -11,6 +11,7 @@ import random
 from dataclasses import asdict, dataclass, field
 
 from arl_tangram.bench.live.swe_repo import RepoConfig
+from arl_tangram.core.policies.elastic import DEFAULT_SHORT_FIRST_SLOWDOWN
 
 MILLICORES_PER_CORE = 1000
 MIB = 1 << 20
@@ -57,12 +58,12 @@ class SweConfig:
     action_timeout_s: float = 600.0  # generous: a Guaranteed-fit pod at 62 millicores runs the suite for ~30 s
     repo: RepoConfig = field(default_factory=RepoConfig)
     systems: tuple[str, ...] = SYSTEMS
-    short_first_slowdown: float | None = None  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS); None: the policy's default
+    short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS)
     not_run: tuple[str, ...] = ()  # systems left out of this run, which the report names with NOT_RUN_QUICK (quick: QUICK_SKIPPED)
     seed: int = 0
 
     @classmethod
-    def quick(cls, seed: int = 0, short_first_slowdown: float | None = None) -> SweConfig:
+    def quick(cls, seed: int = 0, short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN) -> SweConfig:
         """``--quick``: half the tasks (issue 24), the same shape, and the dominated pod
         system (``QUICK_SKIPPED``) left to the full run."""
         systems = tuple(s for s in SYSTEMS if s not in QUICK_SKIPPED)
