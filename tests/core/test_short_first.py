@@ -16,12 +16,18 @@ from arl_tangram.core.state import QueuedAction, StateEditor
 from tests.core.builders import Driver, make_action, make_cluster, make_env
 
 
-def _one_core_busy(slowdown: float | None, envs: int = 4) -> Driver:
-    """A 1-core node whose core an action "x" (on env e0) holds; envs e1.. are ready."""
+def _one_core(slowdown: float | None, envs: int = 4) -> Driver:
+    """A 1-core node under elastic (``slowdown`` None: the default order) with envs e0.. ready."""
     params = {} if slowdown is None else {"short_first_slowdown": slowdown}
     d = Driver.of("elastic", make_cluster(cores=1, numa=1), **params)
     for i in range(envs):
         d.add_ready_env(make_env(f"e{i}"))
+    return d
+
+
+def _one_core_busy(slowdown: float | None) -> Driver:
+    """``_one_core`` with its core held by an action "x" on env e0."""
+    d = _one_core(slowdown)
     d.step([_submit(make_action("x", env="e0", t_ori_s=1.0))], now=0.0)
     assert "x" in d.state.running
     return d
@@ -32,9 +38,7 @@ def _submit(spec: ActionSpec) -> ActionSubmitted:
 
 
 @pytest.mark.parametrize(("slowdown", "first"), [(None, "c"), (0.0, "a")])
-def test_a_short_action_passes_long_ones_that_arrived_with_it(
-    slowdown: float | None, first: str
-) -> None:
+def test_a_short_action_passes_long_ones_that_arrived_with_it(slowdown: float | None, first: str) -> None:
     d = _one_core_busy(slowdown)
     d.step([_submit(make_action("a", env="e1", t_ori_s=2.0))], now=0.1)
     d.step([_submit(make_action("b", env="e2", t_ori_s=2.0))], now=0.2)
@@ -44,13 +48,8 @@ def test_a_short_action_passes_long_ones_that_arrived_with_it(
 
 
 @pytest.mark.parametrize(("slowdown", "first"), [(None, "lint-2"), (0.0, "profile-2")])
-def test_sizes_are_learned_per_kind_when_the_client_gives_none(
-    slowdown: float | None, first: str
-) -> None:
-    params = {} if slowdown is None else {"short_first_slowdown": slowdown}
-    d = Driver.of("elastic", make_cluster(cores=1, numa=1), **params)
-    for i in range(3):
-        d.add_ready_env(make_env(f"e{i}"))
+def test_sizes_are_learned_per_kind_when_the_client_gives_none(slowdown: float | None, first: str) -> None:
+    d = _one_core(slowdown, envs=3)
     # one finished run of each kind teaches the core: "profile" 0.5 s, "lint" 0.01 s
     d.step([_submit(make_action("profile-1", kind="profile", env="e1", t_ori_s=None))], now=0.0)
     d.step([ActionFinished("profile-1", exec_s=0.5)], now=0.5)
@@ -92,12 +91,7 @@ def test_the_order_keeps_each_tenants_places_in_the_fair_share_walk() -> None:
     ]
     ed = StateEditor(d.state, 0.2)
     ordered = [qa.spec.action_id for qa in short_first.by_due_time(ed, window, 30.0, 10.0)]
-    assert ordered == [
-        "a-short",
-        "b-short",
-        "a-long",
-        "b-long",
-    ]  # tenants still alternate a, b, a, b
+    assert ordered == ["a-short", "b-short", "a-long", "b-long"]  # tenants still alternate a, b, a, b
     fcfs = [qa.spec.action_id for qa in short_first.by_due_time(ed, window, 0.0, 10.0)]
     assert fcfs == ["a-long", "b-long", "a-short", "b-short"]
 

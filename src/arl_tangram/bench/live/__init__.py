@@ -31,6 +31,7 @@ from typing import Any
 
 from arl_tangram.bench.live.common import LiveOptions, Progress, WorkloadResult
 from arl_tangram.bench.live.report import WORKLOADS, json_object, render, write_plots
+from arl_tangram.core.policies.elastic import DEFAULT_SHORT_FIRST_SLOWDOWN
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -41,7 +42,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=WORKLOADS, action="append", help="run only these workloads (repeatable)")
     parser.add_argument("--preempt-quantum-s", type=float, default=None, help="coding: tangram with preemption at this quantum (issue 26)")
-    parser.add_argument("--short-first-slowdown", type=float, default=None,
+    parser.add_argument("--short-first-slowdown", type=float, default=DEFAULT_SHORT_FIRST_SLOWDOWN,
                         help="swe and coding: tangram's CPU queue order (0: FCFS; default: the elastic policy's)")  # fmt: skip
     parser.add_argument(
         "--judge", choices=("minilm", "generative"), default="minilm",

@@ -82,9 +82,7 @@ def pool_cores() -> int:
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the coding workload on every system; see the module docstring."""
     config = CodingConfig.quick(opts.seed) if opts.quick else CodingConfig(seed=opts.seed)
-    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s)
-    if opts.short_first_slowdown is not None:
-        config = dataclasses.replace(config, short_first_slowdown=opts.short_first_slowdown)
+    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s, short_first_slowdown=opts.short_first_slowdown)
     return asyncio.run(run_async(config, progress))
 
 

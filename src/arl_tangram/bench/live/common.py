@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from arl_tangram.core.policies.elastic import DEFAULT_SHORT_FIRST_SLOWDOWN
+
 
 @dataclass(frozen=True)
 class LiveOptions:
@@ -27,11 +29,11 @@ class LiveOptions:
     seed: int = 0
     judge: str = "minilm"  # DeepSearch's judge: "minilm" or "generative" (``judges.py``)
     preempt_quantum_s: float | None = None  # coding's tangram runs with preemption (issue 26); None: off
-    short_first_slowdown: float | None = None  # swe's and coding's tangram queue order (0: FCFS); None: the policy's default
+    short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN  # swe's and coding's tangram queue order (0: FCFS)
 
 
 def elastic_params(preempt_quantum_s: float | None = None, short_first_slowdown: float | None = None) -> dict[str, float]:
-    """A tangram run's elastic-policy parameters: those the command line set (None: the default)."""
+    """A tangram run's elastic-policy parameters: those given (None: the policy's default)."""
     params = {"preempt_quantum_s": preempt_quantum_s, "short_first_slowdown": short_first_slowdown}
     return {k: v for k, v in params.items() if v is not None}
 

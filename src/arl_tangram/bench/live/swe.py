@@ -39,7 +39,6 @@ from arl_tangram.bench.live.swe_result import workload_result
 from arl_tangram.bench.live.swe_rollout import RolloutContext, RolloutOutcome, rollout, setup
 from arl_tangram.client import AsyncClient
 from arl_tangram.client.client import Env
-from arl_tangram.core.policies.elastic import DEFAULT_SHORT_FIRST_SLOWDOWN
 from arl_tangram.runtime.config import CpuConfig, SchedulerConfig, TangramConfig
 from arl_tangram.runtime.config_images import ImagesConfig, make_image_store
 
@@ -74,7 +73,7 @@ def prepare(config: SweConfig, base: Path | None = None, store_path: Path = STOR
 
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the SWE workload on every system; see the module docstring."""
-    slowdown = DEFAULT_SHORT_FIRST_SLOWDOWN if opts.short_first_slowdown is None else opts.short_first_slowdown
+    slowdown = opts.short_first_slowdown
     config = SweConfig.quick(opts.seed, slowdown) if opts.quick else SweConfig(seed=opts.seed, short_first_slowdown=slowdown)
     return asyncio.run(run_async(config, progress))
 

@@ -34,9 +34,7 @@ def expected_size_s(ed: StateEditor, qa: QueuedAction) -> float:
     return n_mean[1] if n_mean else 0.0
 
 
-def by_due_time(
-    ed: StateEditor, window: Iterable[QueuedAction], slowdown: float, aging_s: float
-) -> Iterable[QueuedAction]:
+def by_due_time(ed: StateEditor, window: Iterable[QueuedAction], slowdown: float, aging_s: float) -> Iterable[QueuedAction]:
     """``window`` (fair-share order) reordered by due time within each tenant; ``slowdown``
     <= 0 returns it unchanged (FCFS)."""
     if slowdown <= 0:
@@ -45,23 +43,11 @@ def by_due_time(
     if len(fair) < 2:
         return fair
     aged_before = ed.now_s - aging_s
-    memo: dict[
-        str, float
-    ] = {}  # kind -> slowdown x learned size: most of a window shares few kinds
 
     def due(qa: QueuedAction) -> tuple[float, int]:
         if qa.submitted_s <= aged_before:
-            return (
-                qa.submitted_s,
-                qa.seq,
-            )  # aged: every un-aged due time is later, so FCFS ahead of them
-        if qa.spec.t_ori_s is not None:
-            return (qa.submitted_s + slowdown * qa.spec.t_ori_s, qa.seq)
-        kind = qa.spec.kind
-        offset = memo.get(kind)
-        if offset is None:
-            offset = memo[kind] = slowdown * expected_size_s(ed, qa)
-        return (qa.submitted_s + offset, qa.seq)
+            return (qa.submitted_s, qa.seq)  # aged: every un-aged due time is later, so FCFS ahead of them
+        return (qa.submitted_s + slowdown * expected_size_s(ed, qa), qa.seq)
 
     tenants = [qa.spec.tenant for qa in fair]
     if len(set(tenants)) == 1:
