@@ -55,6 +55,8 @@ def apply(node: Node, env: str, model: dict[str, str], op: Op, step: int) -> Non
 @example([("snapshot", 0, "a", "a"), ("redir", 0, "a", "a"), ("snapshot", 0, "a", "a"), ("fork", 0, "a", "a")])
 @example([("snapshot", 0, "a", "a"), ("delete", 0, "a", "a"), ("rename", 0, "sub/c", "b"), ("fork", 0, "a", "a"),
           ("fork", 1, "a", "a"), ("rollback", 2, "a", "a")])  # fmt: skip
+# a rollback leaves the snapshots taken after its target: they are no longer ancestors
+@example([("snapshot", 0, "a", "a"), ("snapshot", 0, "a", "a"), ("rollback", 0, "a", "a"), ("rollback", 1, "a", "a")])
 def test_every_env_sees_its_model(node: Node, sequence: list[Op]) -> None:
     root = node.create()
     node.sh(root, "mkdir -p /testbed/d/sub && echo -n i > /testbed/d/a && echo -n i > /testbed/d/sub/c")
@@ -73,9 +75,13 @@ def test_every_env_sees_its_model(node: Node, sequence: list[Op]) -> None:
                 child = node.create(node.snaps.get(snap.snapshot_id))
                 envs[child], lineage[child] = dict(envs[env]), list(lineage[env])
             elif kind == "rollback" and lineage[env]:
-                sid, state = lineage[env][op[1] % len(lineage[env])]
+                at = op[1] % len(lineage[env])
+                sid, state = lineage[env][at]
                 node.snaps.rollback(node.manager, env, "t", sid)
                 envs[env] = dict(state)
+                # the env now descends from its target only: a later snapshot of the old
+                # line is no ancestor, and rolling "forward" to it is refused (README: 422)
+                lineage[env] = lineage[env][: at + 1]
             else:
                 apply(node, env, envs[env], op, step)
         for env, model in sorted(envs.items()):
