@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.memory_watch import MemoryWatch, wait_fired
 
 log = logging.getLogger(__name__)
-POLL_S = 0.05  # how often the watch thread looks at its stop flag
+POLL_S = 0.05  # how often the watch thread looks at its stop flag (and a re-armed watch)
 
 
 class MemoryPause:
@@ -42,6 +43,9 @@ class MemoryPause:
         self._killed = False  # the kernel's OOM killer decides from now on
         self._recheck = True  # a fresh grant: usage may already be over it (no crossing fires)
         self._stop = threading.Event()
+        # ``close`` writes it so the watch thread leaves its poll now: joining it used to
+        # wait out POLL_S, 25 ms on average added to every action with a memory grant
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._watch: MemoryWatch | None = driver.open_memory_watch(group, limit_bytes, ceiling_bytes)
         self._thread = threading.Thread(target=self._loop, name=f"tangram-mem-{group}", daemon=True)
         self._thread.start()
@@ -51,7 +55,7 @@ class MemoryPause:
             watch = self._watch
             if watch is None:
                 return
-            fired = wait_fired(watch, POLL_S)
+            fired = wait_fired(watch, POLL_S, self._wake)
             try:
                 usage = self._check(watch, fired)
             except OSError:  # the sandbox went away under a destroy: its run is ending
@@ -149,7 +153,9 @@ class MemoryPause:
         footprint is measured against it) with the kernel's OOM killer on; returns the
         paused time."""
         self._stop.set()
+        os.eventfd_write(self._wake, 1)
         self._thread.join()
+        os.close(self._wake)
         with self._lock:
             if self._watch is not None:
                 with contextlib.suppress(OSError):
