@@ -248,13 +248,12 @@ def hard_limit_bytes(grant_bytes: int, ceiling_bytes: int) -> int:
     return ceiling_bytes if room is None else min(ceiling_bytes, grant_bytes + room)
 
 
-def wait_fired(watch: MemoryWatch, timeout_s: float, wake_fd: int | None = None) -> bool:
+def wait_fired(watch: MemoryWatch, timeout_s: float, wake_fd: int) -> bool:
     """Whether the watch's fd signals within ``timeout_s`` (eventfd: readable; v2: PRI).
     A readable ``wake_fd`` ends the wait early (returning False unless the watch fired too):
     closing a pause must not wait out the poll, which every action's end used to do."""
     poller = select.poll()
     poller.register(watch.fileno(), select.POLLIN | select.POLLPRI)
-    if wake_fd is not None:
-        poller.register(wake_fd, select.POLLIN)
+    poller.register(wake_fd, select.POLLIN)
     events = poller.poll(max(0, int(timeout_s * 1000)))
     return any(fd == watch.fileno() for fd, _ in events)
