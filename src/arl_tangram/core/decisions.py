@@ -37,6 +37,9 @@ class StartAction:
     # grants, ``core.memory``), over which it pauses instead of dying. None: the env keeps
     # the limit it was created with and the kernel OOM-kills over it (a pod).
     mem_limit_bytes: int | None = None
+    # CPU packing (``core.packing``): the cgroup's CPU limit when ``grant`` charges less (the
+    # run may burst to its whole demand on a cpu it shares); None: the grant is the limit.
+    cpu_limit_millicores: int | None = None
 
 
 @dataclass(frozen=True)

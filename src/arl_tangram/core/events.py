@@ -48,6 +48,7 @@ class ActionFinished:
     attempt: int | None = None
     peak_mem_bytes: int | None = None  # the run's own peak memory (feeds the per-kind demand)
     paused_s: float = 0.0  # how long its manager kept it paused (queue time, not execution)
+    cpu_s: float | None = None  # CPU seconds its processes used (feeds ``core.packing``)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ def start_action(
     replica_id: str | None = None,
     extra_delay_s: float = 0.0,
     mem_bytes: int | None = None,
+    cpu_charge_mc: int | None = None,
 ) -> StartAction:
     """Move a queued action to running on ``node_id`` at ``dop``.
 
@@ -98,10 +99,15 @@ def start_action(
     from the node, quota tokens from the bound provider. ``extra_delay_s`` (e.g. a replica
     still loading) only shifts the expected end used by the completion-time heap. On an env
     charged per action the memory grant comes on top: ``mem_bytes`` (the policy's), else
-    ``memory.action_grant``.
+    ``memory.action_grant``. ``cpu_charge_mc`` (``core.packing``): the millicores the node is
+    charged when less than the demand, which stays the run's CPU limit.
     """
     spec = qa.spec
     grant = spec.demand_at(dop) if grant is None else grant
+    cpu_limit = None
+    if cpu_charge_mc is not None and cpu_charge_mc < grant.cpu_millicores:
+        cpu_limit = grant.cpu_millicores
+        grant = replace(grant, cpu_millicores=cpu_charge_mc)
     env = ed.envs.get(spec.binding.name) if spec.binding.kind == "env" else None
     per_action = env is not None and env.per_action_memory
     if per_action:
@@ -132,7 +138,8 @@ def start_action(
         ed.w("replicas")[replica_id] = replace(rep, busy_actions=busy, last_used_s=ed.now_s)
     mem_limit = memory.limit_bytes(ed, spec.binding.name) if per_action else None
     return StartAction(
-        spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt, mem_limit_bytes=mem_limit
+        spec.action_id, node_id, grant, dop, reason, cause, replica_id, numa, attempt=qa.attempt, mem_limit_bytes=mem_limit,
+        cpu_limit_millicores=cpu_limit,
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from arl_tangram.core import env_flow, images, ledger, mem_pressure, memory
+from arl_tangram.core import env_flow, images, ledger, mem_pressure, memory, packing
 from arl_tangram.core.decisions import CancelAction, Decision, RetryAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import (
@@ -116,6 +116,7 @@ class Scheduler:
             run = ledger.finish_action(ed, event.action_id, event.exec_s)
             if run is not None:
                 memory.observe_peak(ed, run.spec.kind, event.peak_mem_bytes)
+                packing.observe(ed, run, event.cpu_s, event.paused_s)
                 ed.touch(run.node_id)
         elif isinstance(event, ActionCancelled):
             return self._cancel(ed, event.action_id, cause)

@@ -129,7 +129,7 @@ _TABLES = (
     "queue_cpu", "queue_service", "queue_api", "running", "estimates", "service_demand",
     "tenant_queued", "tenant_held", "env_flow",
     "node_layers", "image_layers", "pulls", "env_pulls", "pull_rate",
-    "env_footprint", "mem_peaks", "mem_waits", "mem_shortfall",
+    "env_footprint", "mem_peaks", "mem_waits", "mem_shortfall", "cpu_use",
 )
 
 
@@ -184,6 +184,8 @@ class ClusterState:
     # Memory pressure (core/mem_pressure.py): node -> bytes of the ledger's free memory that
     # the node's last report says are not really free (absent: none).
     mem_shortfall: Mapping[str, int] = field(default_factory=dict)
+    # CPU packing (core/packing.py): kind -> (runs measured, smoothed CPU use of its grant).
+    cpu_use: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     # How many actions in ``queue_cpu`` carry a deadline (core/ledger.py keeps it): when
     # none does, a round skips the deadline passes over the queue (core/preemption.py).
     queued_deadlines: int = 0
@@ -236,6 +238,7 @@ class StateEditor:
     mem_peaks: Mapping[str, tuple[int, ...]]
     mem_waits: Mapping[str, int]
     mem_shortfall: Mapping[str, int]
+    cpu_use: Mapping[str, tuple[int, float]]
     queued_deadlines: int
 
     def __init__(self, base: ClusterState, now_s: float) -> None:

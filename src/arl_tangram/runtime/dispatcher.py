@@ -69,7 +69,7 @@ from arl_tangram.runtime.snapshots import run_snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-DEFAULT_WORKER_THREADS = 64  # blocking manager calls in flight at once (most wait on a child)
+DEFAULT_WORKER_THREADS = 512  # blocking manager calls in flight at once (most wait on a child)
 
 
 class LiveExecutor(Executor):
@@ -284,7 +284,7 @@ class LiveExecutor(Executor):
             self.store.complete(d.action_id, timed)
         self.post(ActionFinished(
             d.action_id, result.outcome, timed.exec_s or None, stimulus_id=d.stimulus_id, attempt=d.attempt,
-            peak_mem_bytes=result.peak_mem_bytes or None, paused_s=result.paused_s,
+            peak_mem_bytes=result.peak_mem_bytes or None, paused_s=result.paused_s, cpu_s=result.cpu_s or None,
         ))  # fmt: skip
         if record.footprint_bytes is not None and record.spec.binding.kind == "env":
             # after the finish, in the same round: the grant is gone, the footprint is charged

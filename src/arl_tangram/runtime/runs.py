@@ -56,9 +56,12 @@ async def run_exec(
     cpu = agent.cpu
     if cpu is None:
         raise RuntimeError(f"node {d.node_id} has no CPU manager")
+    # a packed run (``core.packing``) is limited to its whole demand on the cpus the manager
+    # picks (least loaded): the NUMA split the ledger charged is of the smaller charge
+    packed = d.cpu_limit_millicores is not None
     grant: dict[str, Any] = {
-        "millicores": d.grant.cpu_millicores,
-        "numa_millicores": d.numa_millicores or None,
+        "millicores": d.cpu_limit_millicores if packed else d.grant.cpu_millicores,
+        "numa_millicores": None if packed else d.numa_millicores or None,
         "dop": d.dop,
     }
     common: dict[str, Any] = {"timeout_s": p.timeout_s, "cancel": cancel, **grant}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 
-from arl_tangram.core import ledger, memory, snapshots
+from arl_tangram.core import ledger, memory, packing, snapshots
 from arl_tangram.core.action import ActionSpec
 from arl_tangram.core.decisions import Decision
 from arl_tangram.core.elasticity import ElasticityModel, NonElastic
@@ -52,7 +52,7 @@ def _node_for(ed: StateEditor, qa: QueuedAction, free: dict[str, list[int]], nee
 
 def collect(
     ed: StateEditor, depth: int, aging_s: float, dop_of: Callable[[QueuedAction], int], scan_limit: int = 1024,
-    mem_reserve_bytes: int = 0, slowdown: float = 0.0,
+    mem_reserve_bytes: int = 0, slowdown: float = 0.0, pack: bool = False,
 ) -> Pools:  # fmt: skip
     """Walk the queue (FCFS, or by due time when ``slowdown`` > 0: ``short_first``) and take
     up to ``depth`` CPU candidates that fit at ``dop_of(qa)``.
@@ -63,7 +63,8 @@ def collect(
     at per round, which bounds a round's cost however long the queue grows. An action on
     an env charged per action (``core.memory``) also needs its memory grant, beside the
     node's ``mem_reserve_bytes`` and what paused actions wait for, and room under its
-    env's limit.
+    env's limit. ``pack``: a single-core env action needs only its packing charge
+    (``core.packing``).
     """
     pools = Pools()
     free = {n: [f.free_millicores, memory.admissible_bytes(ed, n, mem_reserve_bytes)] for n, f in ed.cpu.items()}
@@ -93,6 +94,8 @@ def collect(
                 continue  # a snapshot or rollback of its env goes first, alone
             base = spec.demand_at(dop_of(qa))
             need_mc, need_mem = base.cpu_millicores, base.mem_bytes
+            if pack and packing.packable(spec):
+                need_mc = packing.charge_mc(ed, spec)
             if env.per_action_memory:
                 if not idle_room:
                     idle_room = _idle_room(ed, mem_reserve_bytes)
@@ -177,15 +180,20 @@ def _env_grant(ed: StateEditor, env: EnvState, spec: ActionSpec, env_room: dict[
     return min(mem, max(0, room))  # no known demand: it shares what the env's limit leaves
 
 
-def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, cap: int | None = None) -> Claim:
+def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, cap: int | None = None, pack: bool = False) -> Claim:
     """The allocation view of a CPU candidate.
 
     A CPU-elastic action claims cores per unit of DoP (its fixed part is charged by the
     caller), at most ``cap`` units when the pool prices its cores (``opportunity.fair_caps``),
     but never fewer than its declared curve's efficiency knee (``opportunity.knee``) nor its
     minimum. Any other action is one indivisible unit costing its whole CPU demand.
+    ``pack``: a single-core env action costs its packing charge (``core.packing``).
     """
     spec = qa.spec
+    if pack and packing.packable(spec):
+        # its fixed part (a CPU-keyed spec's) is charged by the caller, as for any claim
+        fixed = spec.demand_fixed.cpu_millicores if spec.key is ResourceKind.CPU else 0
+        return _claim(NonElastic(), 1, 1, max(1, packing.charge_mc(ed, spec) - fixed), 1.0)
     if spec.key is not ResourceKind.CPU:
         cost = max(1, spec.demand_min.cpu_millicores)
         return _claim(NonElastic(), 1, 1, cost, 1.0)
@@ -195,10 +203,11 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, ca
     elif cap is not None:
         hi = min(hi, max(cap, knee(spec.elasticity, lo, hi)))
     t_ori = ledger.estimated_t_ori(ed, qa)
+    unit_cost = spec.demand_per_unit.cpu_millicores
     try:
-        return _claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
+        return _claim(spec.elasticity, lo, hi, unit_cost, t_ori)
     except TypeError:  # an unhashable (e.g. still-learning) model: never cache it
-        return _build_claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
+        return _build_claim(spec.elasticity, lo, hi, unit_cost, t_ori)
 
 
 def _build_claim(elasticity: ElasticityModel, lo: int, hi: int, unit_cost: int, t_ori: float) -> Claim:
@@ -229,20 +238,22 @@ def start_pools(
     aging_s: float = float("inf"),
     tries: int = 8,
     caps: Mapping[str, int] | None = None,
+    pack: bool = False,
 ) -> list[Decision]:
     """Start each touched node's candidates: fixed DoP, or water-filled with up to ``tries``
-    greedy deferrals (``evict``), each elastic claim capped at its node's ``caps`` entry."""
+    greedy deferrals (``evict``), each elastic claim capped at its node's ``caps`` entry;
+    ``pack``: single-core env actions charged by their measured use (``core.packing``)."""
     decisions: list[Decision] = []
     for node_id in sorted(pools.candidates):
         if evict and not ed.is_touched(node_id):
             continue  # nothing changed there since its last plan: the plan stands
         cands = pools.candidates[node_id]
         cap = caps.get(node_id) if caps else None
-        claims = [claim_of(ed, qa, fixed_dop, cap) for qa in cands]
+        claims = [claim_of(ed, qa, fixed_dop, cap, pack) for qa in cands]
         fixed_part = sum(qa.spec.demand_fixed.cpu_millicores for qa in cands if qa.spec.key is ResourceKind.CPU)
         budget = ed.cpu[node_id].free_millicores - fixed_part
         if evict:
-            backlog = [claim_of(ed, qa, fixed_dop, cap) for qa in pools.backlog.get(node_id, [])]
+            backlog = [claim_of(ed, qa, fixed_dop, cap, pack) for qa in pools.backlog.get(node_id, [])]
             deferrable = [ed.now_s - qa.submitted_s < aging_s for qa in cands]
             plan = plan_pool(claims, budget, releases_on(ed, node_id), ed.now_s, tries, backlog, deferrable)
             chosen, dops = plan.start, plan.dops
@@ -253,5 +264,6 @@ def start_pools(
             reason = f"fixed DoP {fixed_dop}"
         for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
             mem = pools.mem.get(qa.spec.action_id)
-            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause, mem_bytes=mem))
+            charge = packing.charge_mc(ed, qa.spec) if pack and packing.packable(qa.spec) else None
+            decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause, mem_bytes=mem, cpu_charge_mc=charge))
     return decisions

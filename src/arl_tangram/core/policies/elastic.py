@@ -50,6 +50,10 @@ class ElasticPolicy(Policy):
     this many times its expected size (``short_first``), so short actions pass long ones
     that arrived with them; 0: FCFS.
 
+    ``cpu_packing``: a single-core env action is charged on its node by its kind's measured
+    CPU use, its limit staying its whole demand, so short runs that leave their core idle
+    share it (``core.packing``); off: every grant is exclusive.
+
     Holds configuration only (no per-round state), so one instance may serve several loops.
     """
 
@@ -68,7 +72,11 @@ class ElasticPolicy(Policy):
         mem_reserve_bytes: int | None = None,
         memory_pause: bool = True,
         short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN,
+        cpu_packing: bool = True,
     ) -> None:
+        if not isinstance(cpu_packing, bool):
+            raise SpecError("cpu_packing", "must be true or false", cpu_packing)
+        self.cpu_packing = cpu_packing
         if preempt_quantum_s is not None and not preempt_quantum_s > 0:
             raise SpecError("preempt_quantum_s", "must be > 0 seconds, or None (no preemption)", preempt_quantum_s)
         self.preempt_quantum_s = preempt_quantum_s
@@ -109,12 +117,14 @@ class ElasticPolicy(Policy):
             spec = qa.spec
             return spec.dop_min if fixed is None else min(max(fixed, spec.dop_min), spec.dop_max)
 
-        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit, reserve, self.short_first_slowdown)
+        pack = self.cpu_packing
+        pools = cpu_round.collect(ed, self.depth, self.aging_s, dop_floor, self.scan_limit, reserve, self.short_first_slowdown, pack)
         caps = None
         if fixed is None and self.opportunity_cost:
             caps = opportunity.fair_caps(ed, pools.candidates, pools.backlog)
         decisions += cpu_round.start_pools(
-            ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s, tries=self.deferral_tries, caps=caps
+            ed, pools, cause, self.depth, fixed, evict=fixed is None, aging_s=self.aging_s, tries=self.deferral_tries, caps=caps,
+            pack=pack,
         )
         decisions += services.schedule_pooled(ed, cause, self.depth, self.host_to_device_gbps)
         decisions += quota.schedule_managed(ed, cause)[0]
