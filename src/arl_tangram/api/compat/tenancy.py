@@ -18,6 +18,7 @@ from fastapi import Request
 
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState
+from arl_tangram.runtime.config_sandboxfusion import DEFAULT_MAX_ENVS, DEFAULT_MAX_IDLE
 
 
 class Unauthorized(PermissionError):
@@ -28,8 +29,8 @@ class Unauthorized(PermissionError):
 class CompatSettings:
     """Knobs of the faces, set by ``mount_compat``."""
 
-    max_envs: int = 16  # live code sandboxes per (tenant, memory size)
-    max_idle: int = 8  # warm ones kept per (tenant, memory size)
+    max_envs: int = DEFAULT_MAX_ENVS  # live code sandboxes per (tenant, memory size)
+    max_idle: int = DEFAULT_MAX_IDLE  # warm ones kept per (tenant, memory size)
     acquire_timeout_s: float = 60.0  # a code run waits this long for a sandbox, then 504
     default_mem_bytes: int = 1 << 30  # a code run's sandbox when memory_limit_MB <= 0
 
