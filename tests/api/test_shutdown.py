@@ -20,13 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from arl_tangram.api.compat.tenancy import CompatSettings
 from arl_tangram.api.main import EXIT_STOP_OVERDUE
 from arl_tangram.runtime.journal import Journal
 
 pytestmark = [pytest.mark.usefixtures("sandbox_host"), pytest.mark.anyio]
 GRACE_S = 6.0
-POOL = CompatSettings.max_envs  # the pool ``serve`` mounts here ([sandboxfusion] max_envs): live code sandboxes per (tenant, size)
+POOL = 16  # the pool ``serve`` mounts here (its config's [sandboxfusion] max_envs): live code sandboxes per (tenant, size)
 REPO = Path(__file__).resolve().parents[2]  # the serving process imports tests.api.registrable
 RUN = {"code": "sleep 30", "language": "bash", "run_timeout": 60, "memory_limit_MB": 64}
 
