@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 from arl_tangram.managers.cpu.manager import CpuManager
 from tests.managers.cpu.conftest import SpecMaker, needs_root
@@ -36,7 +37,7 @@ def test_a_planted_link_is_removed_never_followed(manager: CpuManager, sandbox: 
             f.write("host data")
         _sh(manager, sandbox, f"ln -s {host_dir} /workspace/dir-link && ln -s {victim} /tmp/file-link && ln -s / /workspace/root")
         assert manager.empty_dirs(sandbox, ("/workspace", "/tmp")) == []
-        assert open(victim).read() == "host data"
+        assert Path(victim).read_text() == "host data"
         assert sorted(_sh(manager, sandbox, "ls -A /workspace /tmp").split()) == ["/tmp:", "/workspace:"]
 
 
