@@ -2,9 +2,9 @@
 
 Who calls: the compat route handlers, on the server's (the controller's) event loop. A code
 run borrows an env of its tenant and memory size from ``CodeEnvPool``, runs its actions in
-it and gives it back; the env is reset (workspace, /tmp and /dev/shm emptied from the host
-side: every process an action started is already gone, the CPU manager's rule) before
-anyone borrows it again, off the caller's critical path. At most ``max_envs`` envs
+it and gives it back; the env is reset (workspace, /tmp and /dev/shm emptied: every
+process an action started is already gone, the CPU manager's rule) by one more action
+before anyone borrows it again, off the caller's critical path. At most ``max_envs`` envs
 of one (tenant, size) exist at once; a borrower beyond that waits for a free one, bounded
 by ``acquire_timeout_s`` (then ``Overloaded``, which the faces answer as retryable). An env
 that failed its reset, or whose lease the runtime reclaimed, is dropped, never reused.
@@ -28,14 +28,16 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
-#: the writable places a run may leave files in: emptied from the host side (as the sandbox
-#: user, never through a link: ``CpuManager.empty_dirs``) before the env is borrowed again.
-#: Anything that cannot be removed (a directory the run made unwritable...) retires the env
-#: (destroyed; the next borrower gets a new one), so a dirty sandbox never goes back to the
-#: pool. Host-side, because a reset run as an action (a bash and two finds in the sandbox)
-#: cost as much server and host CPU as the code run it followed (issue 26).
-RESET_DIRS = ("/workspace", "/tmp", "/dev/shm")
-RESET_TIMEOUT_S = 30.0  # how long ``aclose`` waits for resets in flight
+#: empties the writable places, then fails (exit 1, naming what is left) when anything could
+#: not be removed (a directory the run made unwritable, a file it keeps re-creating...): a
+#: failed reset retires the env (destroyed; the next borrower gets a new one), so a dirty
+#: sandbox never goes back to the pool
+RESET_COMMAND = (
+    "find /workspace /tmp /dev/shm -mindepth 1 -delete 2>/dev/null; "
+    "left=$(find /workspace /tmp /dev/shm -mindepth 1 -print -quit 2>&1); "
+    '[ -z "$left" ] || { echo "reset left $left" >&2; exit 1; }'
+)
+RESET_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
 
 
@@ -203,16 +205,17 @@ class CodeEnvPool:
             self._drop(env_id)
             self._spawn(self._gone(bucket))
             return
-        self._spawn(self._reset(bucket, env_id))
+        self._spawn(self._reset(tenant, bucket, env_id))
 
-    async def _reset(self, bucket: _Bucket, env_id: str) -> None:
+    async def _reset(self, tenant: str, bucket: _Bucket, env_id: str) -> None:
         try:
-            left = await asyncio.to_thread(env_cpu(self.state, env_id).empty_dirs, env_id, RESET_DIRS)
+            payload = ExecPayload(("bash", "-c", RESET_COMMAND), None, (), None, RESET_TIMEOUT_S)
+            result = await run_env_action(self.state, tenant, env_id, "compat:reset", payload)
             live = env_id in self.state.controller.env_specs
-            reusable = not left and live and not self.closed and not self.starved
-            if left and live:
-                log.info("retiring code sandbox %s: its reset left %s", env_id, "; ".join(left)[:200])
-        except Exception:  # a sandbox gone or unreachable: never reuse the env
+            reusable = result.ok and live and not self.closed and not self.starved
+            if not result.ok and live:
+                log.info("retiring code sandbox %s: its reset failed: %s", env_id, (result.stderr or result.cause or result.outcome)[:200])
+        except Exception:  # a reset that could not even be submitted: never reuse the env
             reusable = False
         if not reusable:
             self._drop(env_id)

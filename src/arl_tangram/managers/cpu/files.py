@@ -26,7 +26,6 @@ import ctypes
 import os
 import posixpath
 import secrets
-import shutil
 import stat
 from collections.abc import Iterable, Iterator
 
@@ -243,46 +242,3 @@ def require_dir(root_fd: int, layout: SandboxLayout, path: str, field: str) -> N
             return
     except OSError:
         raise ConflictError(field, "must name an existing directory in the sandbox (no symlink on the way)", path) from None
-
-
-def empty_dirs(root_fd: int, layout: SandboxLayout, paths: Iterable[str]) -> list[str]:
-    """Remove everything below each directory of ``paths`` (absolute sandbox paths; the
-    directories themselves stay), as the sandbox user and never following a link (on an
-    image root the directory is resolved inside the root); returns what is left
-    (``path: reason``), empty when every directory is now empty. A missing directory is
-    empty. The caller makes sure nothing runs in the sandbox meanwhile."""
-    left: list[str] = []
-    for path in paths:
-        parts = tuple(p for p in posixpath.normpath(path).split("/") if p)
-        try:
-            with _as_sandbox_user(layout), _parent(root_fd, layout, parts, create=False) as dfd:
-                _empty(dfd, path, left)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            left.append(f"{path}: {exc.strerror or exc}")
-    return left
-
-
-def _empty(dfd: int, path: str, left: list[str]) -> None:
-    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
-    try:
-        with os.scandir(fd) as it:
-            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-    finally:
-        os.close(fd)
-
-    def failed(_fn: object, name: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
-        exc = exc_info[1]
-        left.append(f"{path}/{name}: {getattr(exc, 'strerror', None) or exc}")
-
-    for name, is_dir in entries:
-        try:
-            if is_dir:
-                # the fd-based walk: each directory opened relative to its parent, a link
-                # never followed (a swapped-in link is caught by its stat check)
-                shutil.rmtree(name, dir_fd=dfd, onerror=failed)
-            else:
-                os.unlink(name, dir_fd=dfd)
-        except OSError as exc:
-            left.append(f"{path}/{name}: {exc.strerror or exc}")

@@ -506,13 +506,6 @@ class CpuManager:
         """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
         return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
 
-    def empty_dirs(self, sandbox_id: str, paths: tuple[str, ...]) -> list[str]:
-        """Empty each directory of ``paths`` from the host side, as the sandbox user, never
-        through a link (``files.empty_dirs``); returns what could not be removed. No grant,
-        no process: the caller makes sure nothing runs in the sandbox (a pooled sandbox
-        between two borrowers)."""
-        return self.transfers.empty_dirs(self.get_sandbox(sandbox_id), paths)
-
     def open_spool(self, sandbox_id: str) -> Spool:
         """A streamed upload into the sandbox, spooled in its own /tmp (see ``spool``);
         the caller closes it."""

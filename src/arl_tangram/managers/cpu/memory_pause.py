@@ -28,12 +28,14 @@ from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.memory_watch import MemoryWatch, wait_fired
 
 log = logging.getLogger(__name__)
-#: how often the watch thread looks again without a wake-up (``close`` and a re-arm wake it at
-#: once through its eventfd): the kernel's threshold events are rate-limited and can miss a
-#: crossing, so a run past its grant is also caught by this poll. 1 s was tried against
-#: the wake-ups of 200 runs in flight and missed a 200-MiB write's pause
-#: (``tests/client/test_memory.py``): it stays 50 ms.
-POLL_S = 0.05
+#: the watch thread's first wait: a fresh grant may already be passed without a crossing the
+#: kernel signals, so the thread looks once this soon (``_recheck``); a 1-s first wait
+#: missed a 200-MiB write's pause (``tests/client/test_memory.py``)
+FIRST_POLL_S = 0.05
+#: its later waits: only a crossing (the watch's eventfd), a re-arm or ``close`` (its own
+#: eventfd) has anything for it then, and each wakes it at once; a 50-ms poll woke 200 runs
+#: in flight 4,000 times a second, more of the server's CPU than its event loop (issue 26)
+POLL_S = 1.0
 LOCK_STRIPES = 64  # sandboxes whose open and close may run at once on a node (hash collisions aside)
 
 
@@ -57,11 +59,13 @@ class MemoryPause:
         self._thread.start()
 
     def _loop(self) -> None:
+        wait_s = FIRST_POLL_S
         while not self._stop.is_set():
             watch = self._watch
             if watch is None:
                 return
-            fired = wait_fired(watch, POLL_S, self._wake)
+            fired = wait_fired(watch, wait_s, self._wake)
+            wait_s = POLL_S
             with contextlib.suppress(BlockingIOError, OSError):
                 os.eventfd_read(self._wake)  # a re-arm's wake-up: the loop picks up the new watch
             try:

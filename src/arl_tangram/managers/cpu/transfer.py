@@ -41,13 +41,6 @@ class Transfers:
         finally:
             os.close(root)
 
-    def empty_dirs(self, sb: Sandbox, paths: tuple[str, ...]) -> list[str]:
-        root = sb.open_root()
-        try:
-            return files.empty_dirs(root, sb.layout, paths)
-        finally:
-            os.close(root)
-
     def require_dir(self, sb: Sandbox, path: str, field: str) -> None:
         root = sb.open_root()
         try:
