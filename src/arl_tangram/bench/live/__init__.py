@@ -44,6 +44,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--preempt-quantum-s", type=float, default=None, help="coding: tangram with preemption at this quantum (issue 26)")
     parser.add_argument("--short-first-slowdown", type=float, default=DEFAULT_SHORT_FIRST_SLOWDOWN,
                         help="swe and coding: tangram's CPU queue order (0: FCFS; default: the elastic policy's)")  # fmt: skip
+    parser.add_argument("--no-cpu-packing", action="store_true", help="coding: tangram without CPU packing (the side-by-side; issue 26)")
     parser.add_argument(
         "--judge", choices=("minilm", "generative"), default="minilm",
         help="DeepSearch's judge: MiniLM scoring (default) or a generated causal LM asked for a verdict",
@@ -102,7 +103,7 @@ def _plots(plotting: concurrent.futures.Future[list[Path]] | None, results: list
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     opts = LiveOptions(quick=args.quick, report_dir=args.report_dir, seed=args.seed, judge=args.judge, preempt_quantum_s=args.preempt_quantum_s,
-                       short_first_slowdown=args.short_first_slowdown)  # fmt: skip
+                       short_first_slowdown=args.short_first_slowdown, cpu_packing=not args.no_cpu_packing)  # fmt: skip
     progress = Progress()
     started = time.monotonic()
     load_before = os.getloadavg()[0]

@@ -82,7 +82,9 @@ def pool_cores() -> int:
 def run(opts: LiveOptions, progress: Progress) -> WorkloadResult:
     """Run the coding workload on every system; see the module docstring."""
     config = CodingConfig.quick(opts.seed) if opts.quick else CodingConfig(seed=opts.seed)
-    config = dataclasses.replace(config, preempt_quantum_s=opts.preempt_quantum_s, short_first_slowdown=opts.short_first_slowdown)
+    config = dataclasses.replace(
+        config, preempt_quantum_s=opts.preempt_quantum_s, short_first_slowdown=opts.short_first_slowdown, cpu_packing=opts.cpu_packing
+    )
     return asyncio.run(run_async(config, progress))
 
 
@@ -174,7 +176,7 @@ def _service_bytes(client: AsyncClient) -> int:
 
 def _system_config(system: str, config: CodingConfig, cores: int) -> TangramConfig:
     if system == "tangram":
-        params = elastic_params(config.preempt_quantum_s, config.short_first_slowdown)
+        params = elastic_params(config.preempt_quantum_s, config.short_first_slowdown, config.cpu_packing)
         return TangramConfig(scheduler=SchedulerConfig("elastic", params))  # type: ignore[arg-type]
     if system in ("k8s-guaranteed", "k8s-burstable"):
         return TangramConfig(scheduler=SchedulerConfig("k8s-static", {"pod_millicores": config.pod_millicores(cores)}))

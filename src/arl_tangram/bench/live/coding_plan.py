@@ -43,6 +43,7 @@ class CodingConfig:
     seed: int = 0
     preempt_quantum_s: float | None = None  # tangram's preemption (issue 26; bench live --preempt-quantum-s); None: off
     short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN  # tangram's CPU queue order (bench live --short-first-slowdown; 0: FCFS)
+    cpu_packing: bool = True  # tangram's CPU packing (``core.packing``; bench live --no-cpu-packing: off)
 
     @classmethod
     def quick(cls, seed: int = 0) -> CodingConfig:

@@ -30,11 +30,14 @@ class LiveOptions:
     judge: str = "minilm"  # DeepSearch's judge: "minilm" or "generative" (``judges.py``)
     preempt_quantum_s: float | None = None  # coding's tangram runs with preemption (issue 26); None: off
     short_first_slowdown: float = DEFAULT_SHORT_FIRST_SLOWDOWN  # swe's and coding's tangram queue order (0: FCFS)
+    cpu_packing: bool = True  # coding's tangram packs short runs by their measured CPU use (``core.packing``)
 
 
-def elastic_params(preempt_quantum_s: float | None = None, short_first_slowdown: float | None = None) -> dict[str, float]:
+def elastic_params(
+    preempt_quantum_s: float | None = None, short_first_slowdown: float | None = None, cpu_packing: bool | None = None
+) -> dict[str, float | bool]:
     """A tangram run's elastic-policy parameters: those given (None: the policy's default)."""
-    params = {"preempt_quantum_s": preempt_quantum_s, "short_first_slowdown": short_first_slowdown}
+    params = {"preempt_quantum_s": preempt_quantum_s, "short_first_slowdown": short_first_slowdown, "cpu_packing": cpu_packing}
     return {k: v for k, v in params.items() if v is not None}
 
 
