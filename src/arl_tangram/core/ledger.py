@@ -100,7 +100,7 @@ def start_action(
     still loading) only shifts the expected end used by the completion-time heap. On an env
     charged per action the memory grant comes on top: ``mem_bytes`` (the policy's), else
     ``memory.action_grant``. ``cpu_charge_mc`` (``core.packing``): the millicores the node is
-    charged when less than the demand, which stays the run's CPU limit.
+    charged instead of the demand, which stays the run's CPU limit.
     """
     spec = qa.spec
     grant = spec.demand_at(dop) if grant is None else grant

@@ -51,18 +51,17 @@ def packable(spec: ActionSpec) -> bool:
     return demand.cpu_millicores > 0 and demand.gpu_devices == 0
 
 
-def charge_mc(ed: StateEditor, spec: ActionSpec) -> int:
-    """The millicores ``spec`` is charged on its node's ledger at DoP 1: its demand, or less
-    for a packable action of a kind measured to use less (see the module doc)."""
-    demand = spec.demand_at(1).cpu_millicores
-    if not packable(spec):
-        return demand
+def charge_mc(ed: StateEditor, spec: ActionSpec) -> int | None:
+    """The millicores a packed ``spec`` is charged on its node's ledger (less than its
+    demand), or None when it is charged its whole demand: not ``packable``, its kind not yet
+    measured, or measured to use over half of it (see the module doc)."""
     n_use = ed.cpu_use.get(spec.kind)
-    if n_use is None or n_use[0] < MIN_SAMPLES:
-        return demand
+    if n_use is None or n_use[0] < MIN_SAMPLES or not packable(spec):
+        return None
+    demand = spec.demand_at(1).cpu_millicores
     wanted = max(math.ceil(PACK_MARGIN * n_use[1] * demand), PACK_FLOOR_MC)
     # over half its demand, two would not share a cpu anyway: the whole, exclusive grant
-    return wanted if 2 * wanted <= demand else demand
+    return wanted if 2 * wanted <= demand else None
 
 
 def observe(ed: StateEditor, run: Running, cpu_s: float | None, paused_s: float = 0.0) -> None:

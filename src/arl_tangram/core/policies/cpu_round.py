@@ -94,8 +94,9 @@ def collect(
                 continue  # a snapshot or rollback of its env goes first, alone
             base = spec.demand_at(dop_of(qa))
             need_mc, need_mem = base.cpu_millicores, base.mem_bytes
-            if pack and packing.packable(spec):
-                need_mc = packing.charge_mc(ed, spec)
+            charge = packing.charge_mc(ed, spec) if pack else None
+            if charge is not None:
+                need_mc = charge
             if env.per_action_memory:
                 if not idle_room:
                     idle_room = _idle_room(ed, mem_reserve_bytes)
@@ -190,10 +191,11 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, ca
     ``pack``: a single-core env action costs its packing charge (``core.packing``).
     """
     spec = qa.spec
-    if pack and packing.packable(spec):
+    charge = packing.charge_mc(ed, spec) if pack else None
+    if charge is not None:
         # its fixed part (a CPU-keyed spec's) is charged by the caller, as for any claim
         fixed = spec.demand_fixed.cpu_millicores if spec.key is ResourceKind.CPU else 0
-        return _claim(NonElastic(), 1, 1, max(1, packing.charge_mc(ed, spec) - fixed), 1.0)
+        return _claim(NonElastic(), 1, 1, max(1, charge - fixed), 1.0)
     if spec.key is not ResourceKind.CPU:
         cost = max(1, spec.demand_min.cpu_millicores)
         return _claim(NonElastic(), 1, 1, cost, 1.0)
@@ -203,11 +205,10 @@ def claim_of(ed: StateEditor, qa: QueuedAction, fixed_dop: int | None = None, ca
     elif cap is not None:
         hi = min(hi, max(cap, knee(spec.elasticity, lo, hi)))
     t_ori = ledger.estimated_t_ori(ed, qa)
-    unit_cost = spec.demand_per_unit.cpu_millicores
     try:
-        return _claim(spec.elasticity, lo, hi, unit_cost, t_ori)
+        return _claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
     except TypeError:  # an unhashable (e.g. still-learning) model: never cache it
-        return _build_claim(spec.elasticity, lo, hi, unit_cost, t_ori)
+        return _build_claim(spec.elasticity, lo, hi, spec.demand_per_unit.cpu_millicores, t_ori)
 
 
 def _build_claim(elasticity: ElasticityModel, lo: int, hi: int, unit_cost: int, t_ori: float) -> Claim:
@@ -264,6 +265,6 @@ def start_pools(
             reason = f"fixed DoP {fixed_dop}"
         for qa, dop in zip([cands[i] for i in chosen], dops, strict=True):
             mem = pools.mem.get(qa.spec.action_id)
-            charge = packing.charge_mc(ed, qa.spec) if pack and packing.packable(qa.spec) else None
+            charge = packing.charge_mc(ed, qa.spec) if pack else None
             decisions.append(ledger.start_action(ed, qa, node_id, start_dop(qa, dop), reason, cause, mem_bytes=mem, cpu_charge_mc=charge))
     return decisions
