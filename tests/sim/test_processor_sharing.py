@@ -40,6 +40,7 @@ def test_the_sweep_reports_elastic_against_processor_sharing() -> None:
     f = sweep.setting_figures(rows)  # type: ignore[arg-type]
     assert f["elastic_vs_processor_sharing"] == pytest.approx(1.5)
     assert f["processor_sharing_vs_bound"] == pytest.approx(1.5 / 0.8)
+    assert f["processor_sharing_vs_ideal"] == pytest.approx(1.5 / 0.7)
     # a quiet setting: processor sharing 1.02 x the bound, so no fixed-DoP schedule beats it by more
     quiet = dict(rows[0], bound={"mean_s": 1.0, "ideal_mean_s": 0.9}, processor_sharing={"mean_s": 1.02}, act={"mean_s": 1.01})
     g = sweep.setting_figures([quiet, *rows[1:]])  # type: ignore[arg-type]
@@ -48,4 +49,7 @@ def test_the_sweep_reports_elastic_against_processor_sharing() -> None:
     assert summary["elastic_vs_processor_sharing_worst_setting"] == "think_mean_sx2"
     assert summary["processor_sharing_vs_bound_min"] == pytest.approx(1.02)
     assert summary["processor_sharing_vs_bound_worst_setting"] == "think_mean_sx2"
+    # no schedule at all beats the ideal: 1.02 / 0.9 is the most any policy's ratio can be there
+    assert summary["processor_sharing_vs_ideal_min"] == pytest.approx(1.02 / 0.9)
+    assert summary["processor_sharing_vs_ideal_worst_setting"] == "think_mean_sx2"
     assert sweep.TARGETS["elastic_vs_processor_sharing_min"] == (">=", 1.1)

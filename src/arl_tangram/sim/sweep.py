@@ -90,6 +90,9 @@ def setting_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # the most that ratio can be for any schedule that fixes each run's DoP (elastic
         # does) on these arrivals: elastic's mean ACT is never below the bound
         "processor_sharing_vs_bound": None if ps is None else ps / by["elastic"]["bound"]["mean_s"],
+        # the most that ratio can be for any schedule at all, preemptive or malleable: no
+        # action ends before its arrival + overhead + its fastest duration (the bound at λ = 0)
+        "processor_sharing_vs_ideal": None if ps is None else ps / by["elastic"]["bound"]["ideal_mean_s"],
     }
 
 
@@ -131,15 +134,21 @@ def _versus_processor_sharing(per_setting: dict[str, dict[str, Any]]) -> dict[st
     each run's DoP can show ``processor sharing / its mean ACT`` above that setting's ratio,
     so a target for ``elastic_vs_processor_sharing_min`` above this minimum is out of reach
     of every such policy (where the cores are rarely short, processor sharing is already
-    near the bound: it has nothing to queue). Caveat as the bound's: on the arrivals the
-    elastic run saw (a closed loop under another schedule would shift them)."""
+    near the bound: it has nothing to queue). ``processor_sharing_vs_ideal_min`` is the same
+    over the no-capacity ideal on the same arrivals (every action alone at its fastest DoP),
+    which no schedule beats, preemptive, malleable or otherwise: a target above it is out of
+    reach of every policy. Caveat as the bound's: on the arrivals the elastic run saw (a
+    closed loop under another schedule would shift them)."""
     versus = {k: v for k, s in per_setting.items() if (v := s.get("elastic_vs_processor_sharing")) is not None}
     ceiling = {k: v for k, s in per_setting.items() if (v := s.get("processor_sharing_vs_bound")) is not None}
+    any_schedule = {k: v for k, s in per_setting.items() if (v := s.get("processor_sharing_vs_ideal")) is not None}
     return {
         "elastic_vs_processor_sharing_min": min(versus.values(), default=float("nan")),
         "elastic_vs_processor_sharing_worst_setting": min(versus, key=lambda k: versus[k], default=None),
         "processor_sharing_vs_bound_min": min(ceiling.values(), default=float("nan")),
         "processor_sharing_vs_bound_worst_setting": min(ceiling, key=lambda k: ceiling[k], default=None),
+        "processor_sharing_vs_ideal_min": min(any_schedule.values(), default=float("nan")),
+        "processor_sharing_vs_ideal_worst_setting": min(any_schedule, key=lambda k: any_schedule[k], default=None),
     }
 
 
@@ -269,5 +278,7 @@ def main(argv: list[str]) -> int:
         print(f"{key}: {t['value']:.3f}  target {t['target']}: {'met' if t['met'] else 'MISSED'}")
     print(f"processor sharing / capacity bound, worst setting: {summary['processor_sharing_vs_bound_min']:.3f}"
           f" at {summary['processor_sharing_vs_bound_worst_setting']} (the most elastic_vs_processor_sharing_min can be)")
+    print(f"processor sharing / no-capacity ideal, worst setting: {summary['processor_sharing_vs_ideal_min']:.3f}"
+          f" at {summary['processor_sharing_vs_ideal_worst_setting']} (the most any schedule's ratio can be, preemptive included)")
     print(f"wall {summary['wall_s']:.0f} s; plot {plot}")
     return 0
