@@ -176,7 +176,9 @@ def _run(
     cancel: threading.Event | None, t0: float,
 ) -> ExecResult:  # fmt: skip
     driver.reset_slot_counters(sandbox.group, slot)
-    oom_before = driver.oom_kills(sandbox.group)
+    # the slot's count only: a kill in another slot is another action's outcome, and one file
+    # (not one per slot) is read at each end of every run
+    oom_before = driver.slot_oom_kills(sandbox.group, slot)
     started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
     backstop_s = req.timeout_s + LAUNCHER_BACKSTOP_MARGIN_S if req.paused_s is None else None
     proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
@@ -200,7 +202,7 @@ def _run(
         error = "launcher failed: " + bytes(res.stderr.data).decode(errors="replace").strip()
     elif not sandbox.alive():
         error = error or f"sandbox died during the action: {sandbox.dead_reason}"
-    oom_kills = driver.oom_kills(sandbox.group) - oom_before
+    oom_kills = driver.slot_oom_kills(sandbox.group, slot) - oom_before
     outcome = classify(exit_code=res.returncode, timed_out=timed_out, cancelled=cancelled, oom_kills=oom_kills, error=error)
     return ExecResult(
         outcome=outcome, exit_code=res.returncode,

@@ -90,6 +90,8 @@ class CgroupDriver(Protocol):
 
     def oom_kills(self, sandbox: str) -> int: ...
 
+    def slot_oom_kills(self, sandbox: str, slot: str) -> int: ...
+
     # memory per action (see ``memory_watch``): a hard limit (the env's own, or the grant
     # when pause-and-grow is off), the kernel's OOM killer off at it (v1), a grant armed
     # softly under the env's limit, and the idle footprint

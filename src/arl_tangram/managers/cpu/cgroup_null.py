@@ -96,6 +96,9 @@ class NullCgroupDriver:
     def oom_kills(self, sandbox: str) -> int:
         return 0
 
+    def slot_oom_kills(self, sandbox: str, slot: str) -> int:
+        return 0
+
 
 def kill_tree(pid: int, *, spare_root: bool = False) -> None:
     """SIGKILL ``pid`` and its descendants (found via /proc children lists), parents before

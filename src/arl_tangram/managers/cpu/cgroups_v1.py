@@ -294,6 +294,10 @@ class CgroupV1Driver:
             dirs += [e.path for e in os.scandir(base) if e.is_dir()]
         return sum(read_keyed(os.path.join(d, "memory.oom_control")).get("oom_kill", 0) for d in dirs)
 
+    def slot_oom_kills(self, sandbox: str, slot: str) -> int:
+        """OOM kills of the slot's own tasks (one file: an action's victims are its slot's)."""
+        return read_keyed(self._path("memory", sandbox, slot, "memory.oom_control")).get("oom_kill", 0)
+
 
 def _quota(quota_us: int) -> str:
     return str(max(quota_us, CPU_QUOTA_MIN_US)) if quota_us >= 0 else "-1"

@@ -256,6 +256,10 @@ class CgroupV2Driver:
         """Hierarchical ``oom_kill`` count of the sandbox (``memory.events``)."""
         return read_keyed(self._path(sandbox, "memory.events")).get("oom_kill", 0)
 
+    def slot_oom_kills(self, sandbox: str, slot: str) -> int:
+        """Hierarchical ``oom_kill`` count of one slot (its ``memory.events``)."""
+        return read_keyed(self._path(sandbox, slot, "memory.events")).get("oom_kill", 0)
+
 
 def _cpu_max(quota_us: int) -> str:
     quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))

@@ -112,7 +112,7 @@ class Sandbox:
         self._grants: dict[int, int] = {}  # manual grants (CpuManager.grant): token -> millicores
         self._next = 0
         self._applied_quota: int | None = None
-        self._applied_slots: dict[str, tuple[tuple[int, ...], int]] = {}
+        self._applied_slots: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._frozen = False
 
     # -- state machine --------------------------------------------------------------------
@@ -283,7 +283,13 @@ class Sandbox:
             if s is None or self.state not in _LIVE:
                 return
             s.kind, s.running, s.cpus, s.millicores = keep, False, (), 0
-            self._applied_slots.pop(slot, None)  # a kill may have lifted its quota: rewrite
+            applied = self._applied_slots.pop(slot, None)
+            if keep == "free" and applied is not None:
+                # Empty now (the run's leftovers were killed): its settings matter again only
+                # at its next begin, so they stay as they are (two cgroup writes saved per
+                # run, a cpuset write among them). Its cpuset is known; its quota is not (a
+                # kill lifts it), so the next begin writes the quota whatever it is.
+                self._applied_slots[slot] = (applied[0], None)
             if self._demoted and not any(x.running for x in self._slots.values()):
                 h = self.holding  # back to the weight it had: a Burstable holding's, else the default
                 self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
@@ -363,6 +369,8 @@ class Sandbox:
         else:
             quota = quota_us(running_mc) if self._running() else CPU_QUOTA_MIN_US
         freeze = not self._running() and h is None
+        if freeze and self._applied_quota is not None:
+            quota = self._applied_quota  # frozen, it gets no CPU at any quota: the next begin writes what it needs
         if freeze and not self._frozen:
             self._driver.freeze(self.group)
         # v1 refuses a child quota above its parent's: raise the sandbox's first, lower it last
@@ -370,8 +378,10 @@ class Sandbox:
         if raising or self._applied_quota is None:
             self._write_quota(quota)
         for name, s in self._slots.items():
-            want = self._slot_setting(s)
             old = self._applied_slots.get(name)
+            if old is not None and s.kind == "free" and not s.running and h is None:
+                continue  # an empty free slot (see ``end``) of a sandbox frozen or running others
+            want = self._slot_setting(s)
             if want != old:
                 self._driver.set_slot_grant(self.group, name, want[0] if old is None or old[0] != want[0] else None,
                                             want[1] if old is None or old[1] != want[1] else None)  # fmt: skip
