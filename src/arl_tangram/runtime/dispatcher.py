@@ -51,6 +51,7 @@ from arl_tangram.core.events import (
     ReplicaFailed,
     ServiceReady,
 )
+from arl_tangram.managers.cpu.cancel_flag import CancelFlag
 from arl_tangram.managers.cpu.preempt import RunHandle
 from arl_tangram.runtime.actions import (
     ActionRecord,
@@ -230,7 +231,7 @@ class LiveExecutor(Executor):
         if isinstance(record.payload, NoopPayload):
             self._finish(record, d, ActionResult(d.action_id, record.spec.kind, "succeeded"), 0.0)
             return
-        self.cancels[d.action_id] = threading.Event()
+        self.cancels[d.action_id] = CancelFlag()  # wakes its pump when set (no polling)
         if isinstance(record.payload, ExecPayload):
             self.handles[d.action_id] = RunHandle()
         self.running_tasks[d.action_id] = self._spawn(self._run(record, d), f"action:{d.action_id}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 _CHUNK = 65536
 _STOP_GRACE_S = 10.0
+_CANCEL_POLL_S = 0.05  # how often a cancel flag without a fileno is looked at
 _TAIL_BYTES = 64
 
 
@@ -83,7 +84,10 @@ def pump(
     then continues until the process is gone, at most ``stop_grace_s`` (then ``proc`` is
     killed). A process whose exit is already pending when the deadline is noticed has ended
     by itself and is not timed out. ``paused_s()`` (time it spent paused at its memory
-    limit) pushes the deadline back. Called from one thread per process.
+    limit) pushes the deadline back (read whenever the thread wakes, so at the deadline
+    at the latest). A ``cancel`` with ``fileno()`` (``cancel_flag.CancelFlag``) wakes the
+    wait when set; any other is polled every ``_CANCEL_POLL_S``. Called from one thread per
+    process.
     """
     out = StreamBuffer(cap_bytes, bytearray(), name="stdout", sink=on_output)
     err = StreamBuffer(cap_bytes, bytearray(), name="stderr", sink=on_output)
@@ -94,6 +98,9 @@ def pump(
         if f is not None:
             os.set_blocking(f.fileno(), False)
             sel.register(f.fileno(), selectors.EVENT_READ, buf)
+    cancel_fd = cancel.fileno() if cancel is not None and hasattr(cancel, "fileno") else None
+    if cancel_fd is not None:
+        sel.register(cancel_fd, selectors.EVENT_READ, "cancel")
     pending = memoryview(stdin or b"")
     if proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -123,11 +130,13 @@ def pump(
                 proc.kill()
                 break
             wait = deadline - now
-            if (cancel is not None or paused_s is not None) and not stopped:
-                wait = min(wait, 0.05)
+            if cancel is not None and cancel_fd is None and not stopped:
+                wait = min(wait, _CANCEL_POLL_S)
             for key, _ in sel.select(wait):
                 if key.data == "exit":
                     exited = True
+                elif key.data == "cancel":
+                    sel.unregister(key.fd)  # set for good: the loop's top acts on it
                 elif key.data == "stdin":
                     pending = _write_stdin(sel, proc, pending)
                 else:
