@@ -12,6 +12,11 @@ timeout of compile + run + 10 s, queue included), ``p50_s``/``p99_s`` of the non
 calls' wall time, and ``baseline`` with the same figures. Top level:
 ``right_verdicts_fraction_min`` (target 1.0), ``client_timeouts_total`` (target 0),
 ``p99_ratio_max`` (ours / baseline over the runs; target <= 1.0). Figures are as measured.
+
+``--rounds R`` measures every run R times back to back on the same server (as a training
+run calls it, step after step), the baseline likewise; a run's figures are then its worst
+round's (``worst_round``: the lowest right fraction, the most client timeouts, the highest
+p50 and p99), and ``runs[...]["rounds"]`` lists each round's.
 """
 
 from __future__ import annotations
@@ -63,6 +68,19 @@ def run_calls(url: str, n: int, mix: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def worst_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's figures over its rounds: each figure at its worst (see the module doc)."""
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    return {
+        "calls": rounds[0]["calls"],
+        "right_verdicts_fraction": min(r["right_verdicts_fraction"] for r in rounds),
+        "client_timeouts": max(r["client_timeouts"] for r in rounds),
+        "p50_s": max(r["p50_s"] for r in rounds), "p99_s": max(r["p99_s"] for r in rounds),
+        "rounds": rounds,
+    }  # fmt: skip
+
+
 def _config_file(quantum_s: float | None) -> str:
     params = "" if quantum_s is None else f"params = {{ preempt_quantum_s = {quantum_s} }}\n"
     fd, path = tempfile.mkstemp(suffix=".toml", prefix="verdicts-")
@@ -71,7 +89,7 @@ def _config_file(quantum_s: float | None) -> str:
     return path
 
 
-def measure(sizes: Sequence[int], mixes: Sequence[str], quantum_s: float | None = QUANTUM_S) -> dict[str, Any]:
+def measure(sizes: Sequence[int], mixes: Sequence[str], quantum_s: float | None = QUANTUM_S, rounds: int = 1) -> dict[str, Any]:
     logging.getLogger("verl").setLevel(logging.CRITICAL)  # its per-retry warnings would drown the report
     runs: dict[str, dict[str, Any]] = {}
     config = _config_file(quantum_s)
@@ -79,15 +97,13 @@ def measure(sizes: Sequence[int], mixes: Sequence[str], quantum_s: float | None 
         with server_process(extra_args=("--config", config)) as url:
             check_warm = run_calls(f"{url}/run_code", 8, "quarter")  # sandboxes created, nothing measured
             del check_warm
-            for n in sizes:
-                for mix in mixes:
-                    runs[f"{n}-{mix}"] = run_calls(f"{url}/run_code", n, mix)
+            ours = _rounds(f"{url}/run_code", sizes, mixes, rounds)
     finally:
         os.unlink(config)
     with baseline_server() as base_url:
-        for n in sizes:
-            for mix in mixes:
-                runs[f"{n}-{mix}"]["baseline"] = run_calls(base_url, n, mix)
+        base = _rounds(base_url, sizes, mixes, rounds)
+    for key, r in ours.items():
+        runs[key] = dict(worst_round(r), baseline=worst_round(base[key]))
     return {
         "preempt_quantum_s": quantum_s,
         "runs": runs,
@@ -97,19 +113,32 @@ def measure(sizes: Sequence[int], mixes: Sequence[str], quantum_s: float | None 
     }
 
 
+def _rounds(url: str, sizes: Sequence[int], mixes: Sequence[str], rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Each run's figures, round after round on one server: ``{"<N>-<mix>": [round, ...]}``."""
+    out: dict[str, list[dict[str, Any]]] = {f"{n}-{mix}": [] for n in sizes for mix in mixes}
+    for _ in range(rounds):
+        for n in sizes:
+            for mix in mixes:
+                out[f"{n}-{mix}"].append(run_calls(url, n, mix))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arl-tangram bench verdicts", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--sizes", default="64,256", help="concurrent calls per run, comma-separated")
     parser.add_argument("--mixes", default=",".join(MIXES), help=f"of {', '.join(MIXES)}")
     parser.add_argument("--no-preemption", action="store_true", help="serve without preemption (the ablation)")
+    parser.add_argument("--rounds", type=int, default=1, help="measure each run this many times back to back on one server; report the worst")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds: must be an integer >= 1, not {args.rounds}")
     sizes = [int(s) for s in args.sizes.split(",") if s]
     mixes = [m for m in args.mixes.split(",") if m]
     for m in mixes:
         if m not in MIXES:
             parser.error(f"--mixes: must be among {', '.join(MIXES)}, not {m!r}")
-    result = measure(sizes, mixes, None if args.no_preemption else QUANTUM_S)
+    result = measure(sizes, mixes, None if args.no_preemption else QUANTUM_S, args.rounds)
     if args.json:
         print(json.dumps(result))
     else:
