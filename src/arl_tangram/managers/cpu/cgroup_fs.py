@@ -25,21 +25,33 @@ def read_text(path: str) -> str:
         return f.read()
 
 
+def _gone(exc: OSError) -> bool:
+    """Whether reading a group's file failed because the group is gone: removed before the
+    open (``FileNotFoundError``), or between the open and the read (ENODEV: a destroy racing
+    a run's last reads, seen as a session run's error instead of its ``cancelled``)."""
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENODEV
+
+
 def read_int(path: str, default: int = 0) -> int:
-    """The integer in a one-value file; ``default`` when it is missing or empty."""
+    """The integer in a one-value file; ``default`` when it is missing (its group gone) or empty."""
     try:
         text = read_text(path).strip()
-    except FileNotFoundError:
+    except OSError as exc:
+        if not _gone(exc):
+            raise
         return default
     return int(text) if text and text != "max" else default
 
 
 def read_keyed(path: str) -> dict[str, int]:
-    """A flat-keyed file (``memory.events``, ``memory.oom_control``, ``cpu.stat``) as a dict."""
+    """A flat-keyed file (``memory.events``, ``memory.oom_control``, ``cpu.stat``) as a dict;
+    empty when its group is gone (a destroy racing the read)."""
     out: dict[str, int] = {}
     try:
         text = read_text(path)
-    except FileNotFoundError:
+    except OSError as exc:
+        if not _gone(exc):
+            raise
         return out
     for line in text.splitlines():
         parts = line.split()
@@ -52,7 +64,11 @@ def read_pids(path: str) -> list[int]:
     """Pids (or tids) listed in ``cgroup.procs`` / ``tasks``; empty when the group is gone."""
     try:
         return [int(x) for x in read_text(path).split()]
-    except (FileNotFoundError, ProcessLookupError):
+    except ProcessLookupError:
+        return []
+    except OSError as exc:
+        if not _gone(exc):
+            raise
         return []
 
 
