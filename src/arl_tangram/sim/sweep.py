@@ -139,17 +139,12 @@ def _versus_processor_sharing(per_setting: dict[str, dict[str, Any]]) -> dict[st
     which no schedule beats, preemptive, malleable or otherwise: a target above it is out of
     reach of every policy. Caveat as the bound's: on the arrivals the elastic run saw (a
     closed loop under another schedule would shift them)."""
-    versus = {k: v for k, s in per_setting.items() if (v := s.get("elastic_vs_processor_sharing")) is not None}
-    ceiling = {k: v for k, s in per_setting.items() if (v := s.get("processor_sharing_vs_bound")) is not None}
-    any_schedule = {k: v for k, s in per_setting.items() if (v := s.get("processor_sharing_vs_ideal")) is not None}
-    return {
-        "elastic_vs_processor_sharing_min": min(versus.values(), default=float("nan")),
-        "elastic_vs_processor_sharing_worst_setting": min(versus, key=lambda k: versus[k], default=None),
-        "processor_sharing_vs_bound_min": min(ceiling.values(), default=float("nan")),
-        "processor_sharing_vs_bound_worst_setting": min(ceiling, key=lambda k: ceiling[k], default=None),
-        "processor_sharing_vs_ideal_min": min(any_schedule.values(), default=float("nan")),
-        "processor_sharing_vs_ideal_worst_setting": min(any_schedule, key=lambda k: any_schedule[k], default=None),
-    }
+    out: dict[str, Any] = {}
+    for key in ("elastic_vs_processor_sharing", "processor_sharing_vs_bound", "processor_sharing_vs_ideal"):
+        values = {name: v for name, s in per_setting.items() if (v := s.get(key)) is not None}
+        out[f"{key}_min"] = min(values.values(), default=float("nan"))
+        out[f"{key}_worst_setting"] = min(values, key=lambda name: values[name], default=None)
+    return out
 
 
 def regret_settings(per_setting: dict[str, Any]) -> list[str]:

@@ -32,14 +32,19 @@ def _gone(exc: OSError) -> bool:
     return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENODEV
 
 
+def _read_if_present(path: str) -> str | None:
+    """The file's text, or None when its group is gone (``_gone``); other errors raise."""
+    try:
+        return read_text(path)
+    except OSError as exc:
+        if _gone(exc):
+            return None
+        raise
+
+
 def read_int(path: str, default: int = 0) -> int:
     """The integer in a one-value file; ``default`` when it is missing (its group gone) or empty."""
-    try:
-        text = read_text(path).strip()
-    except OSError as exc:
-        if not _gone(exc):
-            raise
-        return default
+    text = (_read_if_present(path) or "").strip()
     return int(text) if text and text != "max" else default
 
 
@@ -47,13 +52,7 @@ def read_keyed(path: str) -> dict[str, int]:
     """A flat-keyed file (``memory.events``, ``memory.oom_control``, ``cpu.stat``) as a dict;
     empty when its group is gone (a destroy racing the read)."""
     out: dict[str, int] = {}
-    try:
-        text = read_text(path)
-    except OSError as exc:
-        if not _gone(exc):
-            raise
-        return out
-    for line in text.splitlines():
+    for line in (_read_if_present(path) or "").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
@@ -63,12 +62,8 @@ def read_keyed(path: str) -> dict[str, int]:
 def read_pids(path: str) -> list[int]:
     """Pids (or tids) listed in ``cgroup.procs`` / ``tasks``; empty when the group is gone."""
     try:
-        return [int(x) for x in read_text(path).split()]
+        return [int(x) for x in (_read_if_present(path) or "").split()]
     except ProcessLookupError:
-        return []
-    except OSError as exc:
-        if not _gone(exc):
-            raise
         return []
 
 
