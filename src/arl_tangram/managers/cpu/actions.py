@@ -41,6 +41,7 @@ from arl_tangram.managers.cpu.launch import (
 from arl_tangram.managers.cpu.native_launcher import launcher_path
 from arl_tangram.managers.cpu.proc_io import OutputSink, PumpResult, pump
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
+from arl_tangram.managers.cpu.run_watch import RunWatcher
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 #: the launcher's own timer fires this long after the run's deadline. It is a backstop for a
@@ -66,6 +67,9 @@ class ActionRequest:
     # time it spent paused at its memory limit so far: pushed onto its deadline (paused
     # time is queue time, never execution); the launcher's own backstop timer is then off
     paused_s: Callable[[], float] | None = None
+    # served on the pumping thread while the program runs (``run_watch``): its memory
+    # grant's watch
+    watchers: tuple[RunWatcher, ...] = ()
 
 
 def spawn_in_slot(
@@ -186,7 +190,7 @@ def _run(
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
-        stop_grace_s=req.kill_grace_s, paused_s=req.paused_s,
+        stop_grace_s=req.kill_grace_s, paused_s=req.paused_s, watchers=req.watchers,
     )  # fmt: skip
     # the launcher's own timer fired first (this thread ran late): a timeout all the same
     by_launcher = res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK)

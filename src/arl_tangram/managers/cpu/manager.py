@@ -447,7 +447,11 @@ class CpuManager:
                         sandbox_id, sb.group, self._mem_limit(sandbox_id, mem_limit_bytes), self._mem_limit(sandbox_id, None),
                         on_memory_paused,
                     )  # fmt: skip
-                run_req = ActionRequest(**{**req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None})
+                # the pump serves the memory watch (``run_watch``); the demotion handle keeps
+                # its own timers: served by the pump too, its punctual retries slowed short
+                # runs 2-3x under load (issue 26, README)
+                watchers = (pause,) if pause is not None else ()
+                run_req = ActionRequest(**{**req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None, "watchers": watchers})
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
                 if handle is not None:

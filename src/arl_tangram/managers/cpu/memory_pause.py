@@ -2,13 +2,14 @@
 env's cgroup, the watch that learns it is over it, and the pause clock.
 
 Who calls: ``CpuManager.exec`` opens one per action run with a memory grant and a pause
-callback, ``grow`` / ``oom_kill`` / ``retarget`` come from the controller's decisions (other
-threads), and ``close`` ends it when the action ends.
+callback and hands it to the run's pump, which serves its watch (``run_watch``);
+``grow`` / ``oom_kill`` / ``retarget`` come from the controller's decisions (other threads),
+and ``close`` ends it when the action ends.
 
 The grant is soft (``memory_watch``): the env's hard limit stays its own, so no charge fails
 under it (a ``write()`` into a tmpfs included), and over the grant the action's tasks are
 held (v1: frozen; v2: throttled by ``memory.high``). ``on_paused(usage_bytes)`` is called
-once per pause, from the watch thread, and the caller reports it to the core, which answers
+once per pause, from the pump thread, and the caller reports it to the core, which answers
 ``grow`` (re-armed at the new grant; the pause ends, or at once begins again when usage
 already passed the new grant too) or ``oom_kill`` (the grant becomes a hard limit with the
 kernel's OOM killer on: outcome ``oom_killed``). Paused time is measured here: it is queue
@@ -19,27 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
-from arl_tangram.managers.cpu.memory_watch import MemoryWatch, wait_fired
+from arl_tangram.managers.cpu.memory_watch import MemoryWatch
+from arl_tangram.managers.cpu.run_watch import Waker
 
 log = logging.getLogger(__name__)
-#: the watch thread's first wait: a fresh grant may already be passed without a crossing the
-#: kernel signals, so the thread looks once this soon (``_recheck``); a 1-s first wait
-#: missed a 200-MiB write's pause (``tests/client/test_memory.py``)
-FIRST_POLL_S = 0.05
-#: its later waits: only a crossing (the watch's eventfd), a re-arm or ``close`` (its own
-#: eventfd) has anything for it then, and each wakes it at once; a 50-ms poll woke 200 runs
-#: in flight 4,000 times a second, more of the server's CPU than its event loop (issue 26)
-POLL_S = 1.0
+#: a fresh grant may already be passed without a crossing the kernel signals, so the pump
+#: looks once this soon after the grant is armed (``_recheck``); a 1-s first look missed a
+#: 200-MiB write's pause (``tests/client/test_memory.py``). Later, only a crossing (the
+#: watch's fd) or a re-arm (the waker) has anything for it, and each wakes the pump at once.
+FIRST_LOOK_S = 0.05
 LOCK_STRIPES = 64  # sandboxes whose open and close may run at once on a node (hash collisions aside)
 
 
 class MemoryPause:
+    """One action's armed grant (a ``run_watch.RunWatcher``: the action's pump thread serves
+    its watch; it has no thread of its own)."""
+
     def __init__(
         self, driver: CgroupDriver, group: str, limit_bytes: int, ceiling_bytes: int, on_paused: Callable[[int], None]
     ) -> None:  # fmt: skip
@@ -50,37 +51,46 @@ class MemoryPause:
         self._total_s = 0.0
         self._killed = False  # the kernel's OOM killer decides from now on
         self._recheck = True  # a fresh grant: usage may already be over it (no crossing fires)
-        self._stop = threading.Event()
-        # ``close`` writes it so the watch thread leaves its poll now: joining it used to
-        # wait out POLL_S, 25 ms on average added to every action with a memory grant
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._first_look_at = time.monotonic() + FIRST_LOOK_S
+        self._closed = False
+        self._gone = False  # the group went away under a destroy: nothing more to watch
+        # re-arms from other threads poke it: the pump then watches the new watch's fd
+        self._waker = Waker()
         self._watch: MemoryWatch | None = driver.open_memory_watch(group, limit_bytes, ceiling_bytes)
-        self._thread = threading.Thread(target=self._loop, name=f"tangram-mem-{group}", daemon=True)
-        self._thread.start()
 
-    def _loop(self) -> None:
-        wait_s = FIRST_POLL_S
-        while not self._stop.is_set():
+    # -- served by the action's pump thread (``run_watch``) -------------------------------
+    def watched_fds(self) -> tuple[int, ...]:
+        with self._lock:
+            if self._closed:
+                return ()
+            watching = self._watch is not None and not (self._killed or self._gone)
+            return (self._waker.fd, self._watch.fileno()) if watching else (self._waker.fd,)  # type: ignore[union-attr]
+
+    def serve(self, now: float, ready: frozenset[int]) -> float | None:
+        with self._lock:
+            self._waker.drain()
             watch = self._watch
-            if watch is None:
-                return
-            fired = wait_fired(watch, wait_s, self._wake)
-            wait_s = POLL_S
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.eventfd_read(self._wake)  # a re-arm's wake-up: the loop picks up the new watch
-            try:
-                usage = self._check(watch, fired)
-            except OSError:  # the sandbox went away under a destroy: its run is ending
-                log.debug("memory watch of %s: group gone", self._group, exc_info=True)
-                return
-            if usage is not None:
-                with contextlib.suppress(OSError):
-                    self._on_paused(usage)
+            if watch is None or self._closed or self._killed or self._gone:
+                return None
+            fired = watch.fileno() in ready
+            if not fired and self._recheck and now < self._first_look_at:
+                return self._first_look_at
+        try:
+            usage = self._check(watch, fired)
+        except OSError:  # the sandbox went away under a destroy: its run is ending
+            log.debug("memory watch of %s: group gone", self._group, exc_info=True)
+            with self._lock:
+                self._gone = True
+            return None
+        if usage is not None:
+            with contextlib.suppress(OSError):
+                self._on_paused(usage)
+        return None
 
     def _check(self, watch: MemoryWatch, fired: bool) -> int | None:
         """The usage to report when a pause begins now, else None."""
         with self._lock:
-            if watch is not self._watch or self._killed or self._stop.is_set():
+            if watch is not self._watch or self._killed or self._closed:
                 return None
             if not (fired or self._recheck):
                 return None
@@ -108,7 +118,7 @@ class MemoryPause:
         crossing will fire): then its usage is returned, to report a new pause."""
         new = self._driver.open_memory_watch(self._group, limit_bytes, self._ceiling)
         old, self._watch = self._watch, new
-        os.eventfd_write(self._wake, 1)  # the watch thread waits on the old fd: wake it
+        self._waker.poke()  # the pump watches the old watch's fd: have it take the new one
         if old is not None:
             old.close()  # what it held stays held until the new watch decides
         if new is None:
@@ -154,6 +164,7 @@ class MemoryPause:
             if self._watch is not None:
                 self._watch.end_as_oom()
             self._resume()
+            self._waker.poke()  # the pump stops watching
 
     def paused_s(self) -> float:
         """Paused time so far (seconds), the current pause included."""
@@ -164,12 +175,10 @@ class MemoryPause:
     def close(self, ceiling_bytes: int) -> float:
         """Stop watching, release what is held, give the env its own limit back (its idle
         footprint is measured against it) with the kernel's OOM killer on; returns the
-        paused time."""
-        self._stop.set()
-        os.eventfd_write(self._wake, 1)
-        self._thread.join()
-        os.close(self._wake)
+        paused time. Called once the action's pump has returned."""
         with self._lock:
+            self._closed = True
+            self._waker.close()
             if self._watch is not None:
                 with contextlib.suppress(OSError):
                     self._watch.release()
@@ -186,8 +195,7 @@ class MemoryPauses:
     env share its cgroup, so the first one's watch reports for the env and a later one only
     moves its grant to what the core computed for all of them).
 
-    Locking: the cgroup writes and the watch thread's start of an ``open`` or ``close`` are
-    slow (milliseconds under load), so they run under a lock of the sandbox's stripe, not
+    Locking: the cgroup writes of an ``open`` or ``close`` are slow (milliseconds under load), so they run under a lock of the sandbox's stripe, not
     under one lock for the node: with a single lock, every action's start and end on the
     node queued behind them (issue 26: 200 runs in flight spent more time waiting for it
     than running). ``_lock`` only guards the table itself."""

@@ -15,7 +15,7 @@ watched mark under a higher hard limit:
   at once; if not (``EBUSY``: anon or tmpfs pages) the action is over its grant and stays
   frozen while the core decides.
 * v2: ``memory.high`` at the grant throttles (reclaim, then sleep) and never fails a
-  charge; ``memory.max`` stays the env's limit; ``memory.events`` (``POLLPRI``) counts it.
+  charge; ``memory.max`` stays the env's limit; ``memory.events`` counts it (inotify).
   The kernel holds the tasks itself, so nothing is frozen.
 
 Overshoot: the tasks run between the crossing and the freeze (the eventfd is checked every
@@ -30,9 +30,9 @@ absorbs it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
-import select
 import time
 from typing import Protocol
 
@@ -200,14 +200,16 @@ class V1GrantWatch:
 
 
 class V2HighWatch:
-    """``memory.high`` of ``group_dir`` at the grant, ``memory.events`` polled for
-    ``POLLPRI``: over its grant when the ``high`` count rose since the last look."""
+    """``memory.high`` of ``group_dir`` at the grant; an inotify watch on ``memory.events``
+    (the kernel reports each change of that file as a modification): over its grant when
+    the ``high`` count rose since the last look. inotify, not ``POLLPRI`` on the file, because
+    the file is always readable to a selector: the pump would spin on it."""
 
     def __init__(self, group_dir: str, grant_bytes: int, ceiling_bytes: int) -> None:
         self._dir, self.grant_bytes, self._ceiling = group_dir, grant_bytes, ceiling_bytes
         write_text(os.path.join(group_dir, "memory.high"), str(grant_bytes))
         self._events = os.path.join(group_dir, "memory.events")
-        self._fd = os.open(self._events, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = inotify_modified(self._events)
         self._high = read_keyed(self._events).get("high", 0)
         self._lowered = False
 
@@ -215,8 +217,9 @@ class V2HighWatch:
         return self._fd
 
     def consume(self) -> bool:
-        with contextlib.suppress(OSError):
-            os.pread(self._fd, 4096, 0)  # re-arms the notification
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._fd, 4096):  # the queued change events
+                pass
         high = read_keyed(self._events).get("high", 0)
         rose, self._high = high > self._high, high
         return rose
@@ -242,18 +245,23 @@ class V2HighWatch:
                 write_text(os.path.join(self._dir, "memory.max"), str(self._ceiling))
 
 
+_IN_MODIFY, _IN_NONBLOCK, _IN_CLOEXEC = 0x2, os.O_NONBLOCK, os.O_CLOEXEC
+
+
+def inotify_modified(path: str) -> int:
+    """A non-blocking inotify fd that becomes readable when ``path`` is modified."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    if libc.inotify_add_watch(fd, os.fsencode(path), _IN_MODIFY) < 0:
+        err = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(err, f"inotify_add_watch {path}")
+    return fd
+
+
 def hard_limit_bytes(grant_bytes: int, ceiling_bytes: int) -> int:
     """The v1 hard limit under which ``grant_bytes`` is watched (``HARD_LIMIT_ROOM_BYTES``)."""
     room = HARD_LIMIT_ROOM_BYTES
     return ceiling_bytes if room is None else min(ceiling_bytes, grant_bytes + room)
-
-
-def wait_fired(watch: MemoryWatch, timeout_s: float, wake_fd: int) -> bool:
-    """Whether the watch's fd signals within ``timeout_s`` (eventfd: readable; v2: PRI).
-    A readable ``wake_fd`` ends the wait early (returning False unless the watch fired too):
-    closing a pause must not wait out the poll, which every action's end used to do."""
-    poller = select.poll()
-    poller.register(watch.fileno(), select.POLLIN | select.POLLPRI)
-    poller.register(wake_fd, select.POLLIN)
-    events = poller.poll(max(0, int(timeout_s * 1000)))
-    return any(fd == watch.fileno() for fd, _ in events)

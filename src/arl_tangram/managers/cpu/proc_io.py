@@ -14,8 +14,10 @@ import selectors
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from arl_tangram.managers.cpu.run_watch import RunWatcher
 
 _CHUNK = 65536
 _STOP_GRACE_S = 10.0
@@ -75,6 +77,7 @@ def pump(
     started: float | None = None,
     stop_grace_s: float = _STOP_GRACE_S,
     paused_s: Callable[[], float] | None = None,
+    watchers: Sequence[RunWatcher] = (),
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
@@ -111,9 +114,12 @@ def pump(
     base_deadline = deadline = (time.monotonic() if started is None else started) + timeout_s
     stopped = timed_out = cancelled = exited = False
     stop_at = killed_at = None
+    watching = Watching(sel, watchers) if watchers else None
     try:
         while not exited:
             now = time.monotonic()
+            if watching is not None and not stopped and watching.serve_due(now):
+                now = time.monotonic()  # serving may take a while (a memory pause's freeze)
             if not stopped and paused_s is not None:
                 deadline = base_deadline + paused_s()
             if not stopped:
@@ -121,6 +127,8 @@ def pump(
                 if (now >= deadline or is_cancel) and not _exited(pidfd):
                     timed_out, cancelled, stopped = not is_cancel, is_cancel, True
                     stop_at = now
+                    if watching is not None:
+                        watching.stop()  # nothing is served while the run is stopped
                     on_stop()
                     killed_at = time.monotonic()
                     # the process tree is dead or dying; never wait on it for long
@@ -132,8 +140,12 @@ def pump(
             wait = deadline - now
             if cancel is not None and cancel_fd is None and not stopped:
                 wait = min(wait, _CANCEL_POLL_S)
+            if watching is not None and not stopped and (due := watching.next_due()) is not None:
+                wait = min(wait, max(0.0, due - now))
             for key, _ in sel.select(wait):
-                if key.data == "exit":
+                if isinstance(key.data, Watched):
+                    watching.note_ready(key.data, key.fd)  # type: ignore[union-attr]
+                elif key.data == "exit":
                     exited = True
                 elif key.data == "cancel":
                     sel.unregister(key.fd)  # set for good: the loop's top acts on it
@@ -146,6 +158,64 @@ def pump(
     finally:
         _close(sel, proc, pidfd)
     return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A watcher's fd's tag in the pump's selector."""
+
+    index: int
+
+
+class Watching:
+    """The pump's side of its watchers: their fds in its selector, their due times."""
+
+    def __init__(self, sel: selectors.BaseSelector, watchers: Sequence[RunWatcher]) -> None:
+        self._sel, self._watchers = sel, tuple(watchers)
+        now = time.monotonic()
+        self._due: list[float | None] = [now] * len(self._watchers)  # each is served once at the start
+        self._fds: list[tuple[int, ...]] = [()] * len(self._watchers)
+        self._ready: list[set[int]] = [set() for _ in self._watchers]
+        for i in range(len(self._watchers)):
+            self._register(i)
+
+    def _register(self, i: int) -> None:
+        """Register watcher ``i``'s fds afresh (an fd another thread closed is forgotten: its
+        number may be in use again)."""
+        self._unregister(i)
+        self._fds[i] = tuple(self._watchers[i].watched_fds())
+        for fd in self._fds[i]:
+            self._sel.register(fd, selectors.EVENT_READ, Watched(i))
+
+    def _unregister(self, i: int) -> None:
+        for fd in self._fds[i]:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(fd)
+        self._fds[i] = ()
+
+    def note_ready(self, tag: Watched, fd: int) -> None:
+        self._ready[tag.index].add(fd)
+
+    def next_due(self) -> float | None:
+        return min((d for d in self._due if d is not None), default=None)
+
+    def serve_due(self, now: float) -> bool:
+        """Serve each watcher whose fds are ready or whose time is due; whether any was."""
+        served = False
+        for i, watcher in enumerate(self._watchers):
+            due = self._due[i]
+            if self._ready[i] or (due is not None and now >= due):
+                ready = frozenset(self._ready[i])
+                self._ready[i].clear()
+                self._due[i] = watcher.serve(now, ready)
+                self._register(i)
+                served = True
+        return served
+
+    def stop(self) -> None:
+        for i in range(len(self._watchers)):
+            self._unregister(i)
+            self._due[i] = None
 
 
 def _exited(pidfd: int) -> bool:
