@@ -69,7 +69,11 @@ def mount_compat(
                 await compat.aclose()
 
     app.router.lifespan_context = lifespan
+    # first in the app's routes: every request is matched against the routes in order, and
+    # the SandboxFusion face takes a training run's highest rate (its paths are no /v1 one's)
+    before = len(app.router.routes)
     app.include_router(sandboxfusion.router)
+    app.router.routes[0:0] = [app.router.routes.pop(before) for _ in range(len(app.router.routes) - before)]
     app.include_router(openai_face.router)
     app.include_router(chat.router)
     app.include_router(swerex.router)
