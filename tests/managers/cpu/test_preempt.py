@@ -97,3 +97,15 @@ def test_a_demoted_run_that_times_out_is_killed_at_its_normal_weight(
     runner.join(30)
     assert out["r"].outcome.value == "timed_out"  # type: ignore[attr-defined]
     assert seen and seen[0] == 1024, seen
+
+
+def test_a_demotion_wanted_before_the_run_counts_only_the_runs_own_cpu(manager: CpuManager, sandbox: str) -> None:
+    """The slot's previous run computed for ~0.3 s; a short run whose demotion the core wanted
+    before it started must not read that CPU as its own (it would be demoted at once)."""
+    burn = "python3 -c 'import time\nt=time.process_time()\nwhile time.process_time()-t < 0.3: pass'"
+    assert manager.exec(sandbox, burn, timeout_s=20).exit_code == 0
+    handle = RunHandle()
+    handle.demote()  # wanted before the run has a slot
+    r = manager.exec(sandbox, "sleep 0.3", timeout_s=20, handle=handle)
+    assert r.exit_code == 0
+    assert not handle.demoted  # it used no CPU of its own

@@ -70,6 +70,8 @@ class ActionRequest:
     # served on the pumping thread while the program runs (``run_watch``): its memory
     # grant's watch
     watchers: tuple[RunWatcher, ...] = ()
+    # called once the slot's counters are reset: its CPU from then on is this run's
+    on_counting: Callable[[], None] | None = None
 
 
 def spawn_in_slot(
@@ -180,6 +182,8 @@ def _run(
     cancel: threading.Event | None, t0: float,
 ) -> ExecResult:  # fmt: skip
     driver.reset_slot_counters(sandbox.group, slot)
+    if req.on_counting is not None:
+        req.on_counting()
     # the slot's count only: a kill in another slot is another action's outcome, and one file
     # (not one per slot) is read at each end of every run
     oom_before = driver.slot_oom_kills(sandbox.group, slot)

@@ -451,7 +451,10 @@ class CpuManager:
                 # its own timers: served by the pump too, its punctual retries slowed short
                 # runs 2-3x under load (issue 26, README)
                 watchers = (pause,) if pause is not None else ()
-                run_req = ActionRequest(**{**req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None, "watchers": watchers})
+                run_req = ActionRequest(**{
+                    **req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None, "watchers": watchers,
+                    "on_counting": handle.counting if handle is not None else None,
+                })  # fmt: skip
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
                 if handle is not None:

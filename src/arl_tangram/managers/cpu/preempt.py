@@ -62,6 +62,7 @@ class RunHandle:
         self._timer: threading.Timer | None = None
         self._demoted_at = 0.0  # monotonic
         self._wanted = False
+        self._counting = False  # the slot's CPU counters are this run's (``counting``)
         self.demoted = False  # the slot was demoted (read by tests and reports)
 
     def attach(self, sandbox: Sandbox, slot: str, timeout_s: float) -> None:
@@ -69,7 +70,15 @@ class RunHandle:
             self._at = (sandbox, slot)
             self._limit_at = time.monotonic() + timeout_s
             self._window_s = final_window_s(timeout_s)
-            if self._wanted:
+            self._counting = False  # its CPU counters still hold the slot's previous run's
+
+    def counting(self) -> None:
+        """The run's CPU counters were reset (``actions._run``): from now on its CPU is its
+        own, and a demotion wanted before is tried. Before, a short run that followed a
+        computing one in the same slot read that run's CPU and was demoted at once."""
+        with self._lock:
+            self._counting = True
+            if self._wanted and self._at is not None and not self.demoted:
                 self._demote_locked()
 
     def detach(self) -> None:
@@ -83,7 +92,7 @@ class RunHandle:
         """Demote the action now, or as soon as it has a slot; idempotent."""
         with self._lock:
             self._wanted = True
-            if self._at is not None and not self.demoted:
+            if self._at is not None and self._counting and not self.demoted:
                 self._demote_locked()
             return self.demoted
 
