@@ -4,8 +4,8 @@ Example::
 
     [sandboxfusion]
     language_images = { go = "sf-langs:1", rust = "sf-langs:1", typescript = "sf-langs:1", php = "sf-langs:1" }
-    max_envs = 256   # live code sandboxes per (tenant, memory size); more runs wait for one
-    max_idle = 256   # warm ones kept between bursts
+    max_envs = 64    # live code sandboxes per (tenant, memory size); more runs wait for one
+    max_idle = 64    # warm ones kept between bursts
 
 A language named here runs in a sandbox on that image (its compile and run commands are the
 face's language table's, ``api/compat/languages``), whatever the host has; any other
@@ -15,6 +15,12 @@ whole life, so a small pool is the bottleneck when programs loop until their tim
 (64 verl calls, half of them looping for 3 s: 96 runs x 3 s over 16 sandboxes is 18 s).
 Once the CPU manager's memory pauses stopped sharing one lock per node (issue 26), 256
 beat 16 side by side: ``bench verdicts --sizes 64`` p99 7.6 / 9.9 s against 10.0 / 17.8 s.
+Once a call cost the server less (the reset outside the scheduler), 64 beat 256: the pool is
+also the face's admission control, and a borrower that cannot get a sandbox in time gets a
+504, which verl retries later, instead of adding to the overload. Four runs in a row on one
+server (64 and 256 calls, quarter and half-loop): with 64 sandboxes 0.98 and 0.94 / 0.11 of
+the 256-call verdicts right (two servers), with 128 0.95 / 0.94, with 32 1.0 / 0.73, with
+256 0.37 / 0.0; at 64 calls every verdict was right with each, p99 5.2-6.2 s with 64.
 An idle sandbox holds only its footprint (memory is granted per action), so ``max_idle``
 keeps the whole burst warm for the next step. ``scripts/build_lang_image.sh``
 builds one image with go, rust, php and nodejs + typescript (it downloads: run it by hand).
@@ -35,8 +41,8 @@ from arl_tangram.runtime.config_reader import ConfigError, Table
 LANGUAGE_NAMES = ("python", "bash", "c", "cpp", "nodejs", "typescript", "java", "go", "rust", "php", "perl", "ruby", "lua")
 
 #: the face's bound before these keys (assumption, no PAPER.md figure; see the module doc)
-DEFAULT_MAX_ENVS = 256
-DEFAULT_MAX_IDLE = 256  # warm ones kept between bursts (see the module doc)
+DEFAULT_MAX_ENVS = 64
+DEFAULT_MAX_IDLE = 64  # warm ones kept between bursts (see the module doc)
 
 
 @dataclass(frozen=True)
