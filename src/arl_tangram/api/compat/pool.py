@@ -6,9 +6,9 @@ it and gives it back; the env is reset (workspace, /tmp and /dev/shm emptied: ev
 process an action started is already gone, the CPU manager's rule) by one ``find`` its
 node's CPU manager runs in it, before anyone borrows it again and off the caller's critical
 path. The reset is pool housekeeping, not a scheduled action: it is the one program the
-server runs in a sandbox outside the scheduler (about 3 ms of CPU, on one core). At most ``max_envs`` envs
-of one (tenant, size) exist at once; a borrower beyond that waits for a free one, bounded
-by ``acquire_timeout_s`` (then ``Overloaded``, which the faces answer as retryable). An env
+server runs in a sandbox outside the scheduler (about 3 ms of CPU, on one core). At most
+``max_envs`` envs of one (tenant, size) exist at once; a borrower beyond that waits for a
+free one, bounded by ``acquire_timeout_s`` (then ``Overloaded``, which the faces answer as retryable). An env
 that failed its reset, or whose lease the runtime reclaimed, is dropped, never reused.
 """
 

@@ -195,7 +195,8 @@ class MemoryPauses:
     env share its cgroup, so the first one's watch reports for the env and a later one only
     moves its grant to what the core computed for all of them).
 
-    Locking: the cgroup writes of an ``open`` or ``close`` are slow (milliseconds under load), so they run under a lock of the sandbox's stripe, not
+    Locking: the cgroup writes of an ``open`` or ``close`` are slow (milliseconds under
+    load), so they run under a lock of the sandbox's stripe, not
     under one lock for the node: with a single lock, every action's start and end on the
     node queued behind them (issue 26: 200 runs in flight spent more time waiting for it
     than running). ``_lock`` only guards the table itself."""

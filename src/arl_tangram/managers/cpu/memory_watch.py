@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import time
 from typing import Protocol
@@ -248,9 +249,14 @@ class V2HighWatch:
 _IN_MODIFY, _IN_NONBLOCK, _IN_CLOEXEC = 0x2, os.O_NONBLOCK, os.O_CLOEXEC
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)  # once: a v2 watch is opened on every run
+
+
 def inotify_modified(path: str) -> int:
     """A non-blocking inotify fd that becomes readable when ``path`` is modified."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "inotify_init1")
