@@ -137,11 +137,8 @@ class CodeEnvPool:
                         bucket.live += 1
                         starved = not fits
                         break
-                left_s = deadline - time.monotonic()
-                try:
-                    await asyncio.wait_for(bucket.changed.wait(), max(left_s, 0.0))
-                except TimeoutError:
-                    raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
+                if not await self._wait_for_change(bucket, deadline - time.monotonic()):
+                    raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0)
                 if self.state.closing:
                     raise Overloaded("the service is shutting down", 5.0)
         env_id = self.state.scoped(tenant, new_id("pool"))
@@ -156,6 +153,34 @@ class CodeEnvPool:
         finally:
             self.creating.pop(env_id, None)
             self.starved.discard(env_id)
+
+    async def _wait_for_change(self, bucket: _Bucket, left_s: float) -> bool:
+        """Wait (holding ``bucket.changed``'s lock, as ``Condition.wait`` does) for the bucket
+        to change, up to ``left_s``; False when the time ran out. Safe against the races
+        of hundreds of borrowers whose clients give up as their waits time out:
+        - the timeout cancels this task itself (``asyncio.timeout``), so the lock is taken
+          back in this task before any exception leaves, and ``async with`` releases the
+          lock this task holds. (``asyncio.wait_for`` waits in a task of its own: a cancel
+          that came while that task was taking the lock back released the lock under
+          another holder, and the inner task then held it forever: the bucket hung.)
+        - a wakeup this borrower took but cannot use (it timed out or was cancelled) passes
+          to the next borrower, so an env given back never sits idle beside a waiter."""
+        try:
+            async with asyncio.timeout(max(left_s, 0.0)):
+                await bucket.changed.wait()
+            return True
+        except TimeoutError:
+            self._pass_on(bucket)
+            return False
+        except asyncio.CancelledError:
+            self._pass_on(bucket)
+            raise
+
+    def _pass_on(self, bucket: _Bucket) -> None:
+        """Wake the next borrower when the bucket has something a borrower could take
+        (called holding the bucket's lock)."""
+        if bucket.idle or bucket.live < self.max_envs:
+            bucket.changed.notify()
 
     def _make_room(self, bucket: _Bucket, mem_bytes: int) -> bool:
         """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs.
