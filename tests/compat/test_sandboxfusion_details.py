@@ -37,3 +37,32 @@ def test_ping_under_the_token_prefix_truncation_and_cancel_on_disconnect() -> No
         while controller.loop.state.running and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not controller.loop.state.running, "the abandoned run was cancelled"
+
+
+def test_a_sandbox_whose_client_gave_up_mid_run_is_reset_and_reused() -> None:
+    """Under overload, clients give up by the hundred; retiring each of their sandboxes made
+    the next burst create them again, under the same load (issue 26). Once the abandoned run
+    has ended, its sandbox goes back to the pool, reset: the next call gets it, clean."""
+    needs_sandbox_host()
+    with serve_compat() as s:
+        pool = s.app.state.compat.pool
+
+        def idle() -> list[str]:
+            return [e for b in pool.buckets.values() for e in b.idle]
+
+        def settle() -> None:
+            deadline = time.monotonic() + 10
+            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
+        settle()
+        warm = idle()
+        assert len(warm) == 1
+        program = "open('left-behind', 'w').write('x'); import time; time.sleep(60)"
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up on a 60 s program after 1.5 s
+            httpx.post(f"{s.url}/run_code", json={"code": program, "run_timeout": 120}, timeout=1.5)
+        settle()
+        assert idle() == warm, "the abandoned call's sandbox went back to the pool"
+        listing = httpx.post(f"{s.url}/run_code", json={"code": "import os; print(os.listdir('.'))"}, timeout=60).json()
+        assert "left-behind" not in listing["run_result"]["stdout"], "and was reset before its next call"

@@ -37,6 +37,9 @@ from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 #: was left cost 9 ms of CPU a call against 3 ms (measured on this host's 2 cores)
 RESET_ARGV = ("find", "/workspace", "/tmp", "/dev/shm", "-mindepth", "1", "-delete")
 RESET_TIMEOUT_S = 30.0
+#: how long a cancelled caller waits for its action to end before giving its env up as
+#: dirty (a cancel ends a run in tens of milliseconds: freeze, kill, reap)
+SETTLE_S = 5.0
 log = logging.getLogger(__name__)
 
 
@@ -49,13 +52,22 @@ def env_cpu(state: ApiState, env_id: str) -> Any:
     return cpu
 
 
+class ActionCancelled(asyncio.CancelledError):
+    """The caller was cancelled while its action was queued or ran, and the action has
+    ended since (cancelled: its processes are gone), so its env is as clean as after any
+    run and may be reset and reused (``run_env_action(settle=True)``)."""
+
+
 async def run_env_action(
-    state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload, deadline_s: float | None = None
-) -> ActionResult:
+    state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload, deadline_s: float | None = None,
+    *, settle: bool = False,
+) -> ActionResult:  # fmt: skip
     """Submit one single-core action on the env (internal id) and await its one result
     (``deadline_s``: the caller's, ``ActionSpec.deadline_s``).
     ``Overloaded`` (or the runtime's limit errors) propagate with nothing queued. The
-    result is acknowledged here: the caller holds the only copy it needs."""
+    result is acknowledged here: the caller holds the only copy it needs. A caller
+    cancelled meanwhile cancels the action; with ``settle`` it then waits (up to
+    ``SETTLE_S``) for the action to end and raises ``ActionCancelled`` when it did."""
     spec = ActionSpec(
         state.scoped(tenant, new_id("cx")), kind, Binding("env", env_id), tenant,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=1, dop_max=1, elasticity=NonElastic(),
@@ -66,10 +78,19 @@ async def run_env_action(
         return await read_result(record)  # held outputs (Ray) fetched for this read
     except asyncio.CancelledError:
         state.controller.cancel(spec.action_id)  # the caller went away: stop the run
+        if settle and await _ended(record.done):
+            raise ActionCancelled() from None
         raise
     finally:
         if record.done.done():
             state.ack(record)
+
+
+async def _ended(done: asyncio.Future[Any]) -> bool:
+    """Whether ``done`` resolves within ``SETTLE_S`` (it is not cancelled by the wait)."""
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(done), SETTLE_S)
+    return done.done()
 
 
 @dataclass

@@ -25,7 +25,9 @@ Served at the root for an unauthenticated server's ``default`` tenant and under
 ``/t/<token>/`` for a token's tenant (``/v1/ping`` too). Output past the CPU manager's cap
 is cut: the step's ``stdout_truncated`` / ``stderr_truncated`` say so (fields the client's
 models ignore) and its stderr ends with a ``[truncated: ...]`` line. A run whose client
-closed the connection before the answer is cancelled at once (its sandbox retired).
+closed the connection before the answer is cancelled at once; once it has ended, its
+sandbox is reset and reused (one that does not end within ``pool.SETTLE_S``, or a call
+cancelled outside its run, retires its sandbox).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arl_tangram.api.client_gone import wait_unless_gone
 from arl_tangram.api.compat.languages import resolve
-from arl_tangram.api.compat.pool import env_cpu, run_env_action
+from arl_tangram.api.compat.pool import ActionCancelled, env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
 from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.state import Overloaded
@@ -185,6 +187,12 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
             "status": status, "message": message, "compile_result": compiled, "run_result": run,
             "executor_pod_name": r.node_id, "files": fetched,
         }  # fmt: skip
+    except ActionCancelled:
+        # the client went away during a step, which has ended since: the env is reset and
+        # reused like any other (retiring it would cost a new sandbox's creation under the
+        # very load that made clients give up)
+        reusable = True
+        raise
     finally:
         compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable, image=image)
 
@@ -206,7 +214,7 @@ async def _run_step(compat: CompatState, tenant: str, env_id: str, kind: str, st
     deadline_s = end - time.monotonic()
     if deadline_s <= step.timeout_s:
         raise Overloaded(f"{DEADLINE_PREFIX} no time left to run this step before the client's timeout", 1.0)
-    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s)
+    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s, settle=True)
     if r.outcome == "rejected" and (r.cause or "").startswith(DEADLINE_PREFIX):
         raise Overloaded(r.cause or DEADLINE_PREFIX, 1.0)
     return r
