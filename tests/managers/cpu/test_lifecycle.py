@@ -74,3 +74,19 @@ def test_a_half_removed_root_is_still_swept_whole() -> None:
     assert driver.list_sandboxes() == ["sb-half"]
     assert sweep_root(driver) == []
     assert not driver.root_exists()
+
+
+@needs_root
+def test_a_sandbox_starts_and_runs_while_the_process_holds_over_1024_fds() -> None:
+    """A busy server holds over 1024 fds (768 verl connections, the sandboxes' pipes); a
+    start that waited on bubblewrap's pipe with ``select`` failed there (issue 26)."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(devnull) for _ in range(1100)]  # every new fd is numbered past 1024
+    mgr = CpuManager(CpuManagerConfig(default_spec=SMALL))
+    try:
+        sid = mgr.create_sandbox()
+        assert mgr.exec(sid, "echo started").stdout == b"started\n"
+    finally:
+        mgr.close()
+        for fd in (*held, devnull):
+            os.close(fd)
