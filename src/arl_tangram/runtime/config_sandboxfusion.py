@@ -21,6 +21,12 @@ also the face's admission control, and a borrower that cannot get a sandbox in t
 server (64 and 256 calls, quarter and half-loop): with 64 sandboxes 0.98 and 0.94 / 0.11 of
 the 256-call verdicts right (two servers), with 128 0.95 / 0.94, with 32 1.0 / 0.73, with
 256 0.37 / 0.0; at 64 calls every verdict was right with each, p99 5.2-6.2 s with 64.
+Those figures were measured with three bugs since fixed: a borrower cancelled as its wait timed
+out could leave a bucket's lock held forever (every later call of that size hung), a start
+past 1024 fds failed (``select``), and each call whose client gave up retired its sandbox.
+After the fixes, the same four runs (a probe outside git), 256-call verdicts right: with 64
+sandboxes 0.88-1.0 / 0.65-1.0 over six servers (one ``bench verdicts`` run: 0.95 / 0.34);
+with 128, before the fd fix, 0.77-0.99 / 0.35-0.69 over two. It stays 64.
 An idle sandbox holds only its footprint (memory is granted per action), so ``max_idle``
 keeps the whole burst warm for the next step. ``scripts/build_lang_image.sh``
 builds one image with go, rust, php and nodejs + typescript (it downloads: run it by hand).
