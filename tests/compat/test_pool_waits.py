@@ -1,9 +1,9 @@
-"""The SandboxFusion pool's borrowers waiting for a full bucket, against cancellation races.
+"""The SandboxFusion pool's borrowers waiting for a full bucket, against load and cancellation.
 
 Hundreds of verl calls wait on one bucket under load; their clients give up (the route
 cancels the borrower) at about the moment their own wait times out. These tests drive the
 real ``CodeEnvPool`` through those races deterministically. The runtime around it is a
-stand-in (``_Runtime``) that holds one env and resets it at once: what is under test is
+stand-in (``_Runtime``) whose envs are all live and reset at once: what is under test is
 the pool's waiting, not the sandboxes (``test_sandboxfusion`` runs those for real).
 """
 
@@ -22,8 +22,15 @@ pytestmark = pytest.mark.anyio
 TENANT, MEM = "default", 1 << 30
 
 
+class _LiveEnvs(dict[str, object]):
+    """Every env id is live (the controller's ``env_specs`` as the pool reads it)."""
+
+    def __contains__(self, _key: object) -> bool:
+        return True
+
+
 class _Runtime:
-    """What the pool reads of the server: one live env, whose reset always succeeds."""
+    """What the pool reads of the server: live envs whose resets always succeed."""
 
     def __init__(self) -> None:
         self.stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -31,14 +38,14 @@ class _Runtime:
         ok = SimpleNamespace(ok=True, stderr_text="", error=None, outcome="ok")
         cpu = SimpleNamespace(exec=lambda *_a, **_k: ok)
         self.controller = SimpleNamespace(
-            env_specs={"env-1": object()}, renew_env=lambda _e: None, env_node=lambda _e: SimpleNamespace(cpu=cpu)
+            env_specs=_LiveEnvs(), renew_env=lambda _e: None, env_node=lambda _e: SimpleNamespace(cpu=cpu)
         )
 
 
-def _full_pool() -> CodeEnvPool:
-    """A pool of one env, borrowed: every new borrower waits for it to come back."""
-    pool = CodeEnvPool(_Runtime(), max_envs=1, max_idle=1, acquire_timeout_s=30.0)  # type: ignore[arg-type]
-    pool._bucket(TENANT, MEM).live = 1
+def _full_pool(size: int = 1) -> CodeEnvPool:
+    """A pool of ``size`` envs, all borrowed: every new borrower waits for one to come back."""
+    pool = CodeEnvPool(_Runtime(), max_envs=size, max_idle=size, acquire_timeout_s=30.0)  # type: ignore[arg-type]
+    pool._bucket(TENANT, MEM).live = size
     return pool
 
 
@@ -50,42 +57,53 @@ async def _until(pred: Any) -> None:
     raise AssertionError("never happened")
 
 
-async def test_a_borrower_cancelled_as_its_wait_times_out_leaves_the_pool_usable() -> None:
-    """The wait times out while another task holds the bucket's lock, and the client goes
-    away before the borrower gets the lock back. The bucket must stay usable: the env given
-    back goes to the next borrower. (A wait run by ``asyncio.wait_for`` left its inner wait
-    holding the lock forever here: every later borrower of the bucket hung.)"""
-    pool = _full_pool()
-    bucket = pool._bucket(TENANT, MEM)
-    waiter = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=0.05))
-    await _until(lambda: bucket.changed._waiters)
-    await bucket.changed.acquire()  # held through the waiter's timeout
-    await asyncio.sleep(0.15)
-    waiter.cancel()  # the client is gone ...
-    bucket.changed.release()  # ... in the same step as the lock frees
-    with pytest.raises((asyncio.CancelledError, Overloaded)):
-        await waiter
-    await asyncio.sleep(0.01)
-    assert not bucket.changed.locked(), "the bucket's lock is held by nobody's task"
-    nxt = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=2.0))
-    await asyncio.sleep(0.01)
-    pool.release(TENANT, MEM, "env-1")
-    assert await asyncio.wait_for(nxt, 3.0) == "env-1"
-
-
-async def test_a_wakeup_taken_by_a_borrower_that_is_cancelled_passes_to_the_next() -> None:
-    """An env comes back and wakes one borrower, whose client goes away before it runs:
+async def test_an_env_handed_to_a_borrower_that_is_cancelled_passes_to_the_next() -> None:
+    """An env comes back to the oldest borrower, whose client goes away before it runs:
     the next borrower must get the env, not wait out its timeout beside an idle env."""
     pool = _full_pool()
     bucket = pool._bucket(TENANT, MEM)
     first = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0))
-    await _until(lambda: len(bucket.changed._waiters) == 1)
+    await _until(lambda: len(bucket.waiters) == 1)
     second = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0))
-    await _until(lambda: len(bucket.changed._waiters) == 2)
-    async with bucket.changed:
-        bucket.idle.append("env-1")
-        bucket.changed.notify()  # wakes ``first`` only
-        first.cancel()  # its client goes away before it runs
+    await _until(lambda: len(bucket.waiters) == 2)
+    pool._pass_on(bucket, "env-1")  # handed to ``first`` ...
+    first.cancel()  # ... whose client goes away before it runs
     with pytest.raises(asyncio.CancelledError):
         await first
     assert await asyncio.wait_for(second, 1.0) == "env-1"
+
+
+async def test_borrowers_timing_out_together_leave_the_bucket_usable() -> None:
+    """Fifty borrowers time out at once (their clients give up besides): the bucket must
+    still serve the next borrower the env given back. (A condition's lock, taken back by
+    ``wait_for``'s inner task after a cancel had released it, once hung a bucket for good.)"""
+    pool = _full_pool()
+    bucket = pool._bucket(TENANT, MEM)
+    waiting = [asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=0.05)) for _ in range(50)]
+    await _until(lambda: len(bucket.waiters) == 50)
+    for task in waiting[::2]:
+        task.cancel()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, (Overloaded, asyncio.CancelledError)) for r in results)
+    assert not bucket.waiters
+    nxt = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=2.0))
+    await _until(lambda: len(bucket.waiters) == 1)
+    pool.release(TENANT, MEM, "env-1")
+    assert await asyncio.wait_for(nxt, 3.0) == "env-1"
+
+
+async def test_envs_given_back_reach_every_waiter_in_one_pass_of_the_loop() -> None:
+    """Under load the event loop runs a few iterations a second; envs coming back must not
+    reach their waiters one loop iteration each (433 borrowers once queued on a condition's
+    lock beside 96 idle envs): handed over directly, all are taken in one pass."""
+    n = 200
+    pool = _full_pool(n)
+    bucket = pool._bucket(TENANT, MEM)
+    waiting = [asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0)) for _ in range(n)]
+    await _until(lambda: len(bucket.waiters) == n)
+    for i in range(n):
+        pool._pass_on(bucket, f"env-{i}")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert sum(t.done() for t in waiting) == n
+    assert sorted(t.result() for t in waiting) == sorted(f"env-{i}" for i in range(n))
