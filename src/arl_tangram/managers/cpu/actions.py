@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -29,6 +28,7 @@ from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S, is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
 from arl_tangram.managers.cpu.errors import CpuManagerError
+from arl_tangram.managers.cpu.fd_ready import readable
 from arl_tangram.managers.cpu.launch import (
     HOST_ENV,
     LAUNCH_FAILED_RC,
@@ -134,9 +134,7 @@ def _wait_exited(pid: int, timeout_s: float) -> bool:
     except ProcessLookupError:
         return True  # already reaped
     try:
-        waiter = select.poll()
-        waiter.register(pidfd, select.POLLIN)
-        return bool(waiter.poll(max(0, math.ceil(timeout_s * 1000))))
+        return readable(pidfd, timeout_s)
     finally:
         os.close(pidfd)
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from arl_tangram.managers.cpu.fd_ready import readable
 from arl_tangram.managers.cpu.run_watch import RunWatcher
 
 _CHUNK = 65536
@@ -220,9 +221,7 @@ class Watching:
 
 def _exited(pidfd: int) -> bool:
     """True when the process behind ``pidfd`` has exited (its pidfd is readable)."""
-    with selectors.DefaultSelector() as sel:
-        sel.register(pidfd, selectors.EVENT_READ)
-        return bool(sel.select(0))
+    return readable(pidfd, 0)
 
 
 def _write_stdin(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], pending: memoryview) -> memoryview:

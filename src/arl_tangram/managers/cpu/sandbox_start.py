@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import select
 import subprocess
 import time
 
 from arl_tangram.managers.cpu.errors import CpuManagerError
+from arl_tangram.managers.cpu.fd_ready import readable
 from arl_tangram.managers.cpu.identity import identity_files
 from arl_tangram.managers.cpu.launch import HOST_ENV, SandboxLayout, bwrap_argv, join_then_exec
 from arl_tangram.managers.cpu.rootfs import helper_argv, image_bwrap_argv
@@ -97,16 +96,6 @@ def _init_argv(
     return helper_argv(helper, join_files, layout.root, bwrap)
 
 
-def _readable(fd: int, timeout_s: float) -> bool:
-    """Whether ``fd`` turns readable (or hung up) within ``timeout_s``. ``poll``, not
-    ``select``: a busy server holds over 1024 fds (768 verl connections and the sandboxes'
-    pipes), and ``select`` refuses any fd from 1024 up (issue 26: sandboxes failed to start
-    under load with "filedescriptor out of range in select")."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
-
-
 def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes], want_ready: bool) -> tuple[int, bool]:
     """(pid 1's host pid, whether the init said it runs). bwrap writes the pid as JSON; an
     image sandbox's init then appends ``READY`` to the same pipe (``want_ready``)."""
@@ -114,7 +103,7 @@ def _read_child_pid(sandbox_id: str, fd: int, proc: subprocess.Popen[bytes], wan
     pid = -1
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        chunk = os.read(fd, 4096) if _readable(fd, deadline - time.monotonic()) else b""
+        chunk = os.read(fd, 4096) if readable(fd, deadline - time.monotonic()) else b""
         if not chunk:
             break
         data += chunk
