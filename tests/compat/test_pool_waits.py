@@ -35,8 +35,7 @@ class _Runtime:
     def __init__(self) -> None:
         self.stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closing = False
-        ok = SimpleNamespace(ok=True, stderr_text="", error=None, outcome="ok")
-        cpu = SimpleNamespace(exec=lambda *_a, **_k: ok)
+        cpu = SimpleNamespace(empty_dirs=lambda *_a, **_k: (True, ""))
         self.controller = SimpleNamespace(
             env_specs=_LiveEnvs(), renew_env=lambda _e: None, env_node=lambda _e: SimpleNamespace(cpu=cpu)
         )

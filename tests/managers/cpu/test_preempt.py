@@ -109,3 +109,44 @@ def test_a_demotion_wanted_before_the_run_counts_only_the_runs_own_cpu(manager: 
     r = manager.exec(sandbox, "sleep 0.3", timeout_s=20, handle=handle)
     assert r.exit_code == 0
     assert not handle.demoted  # it used no CPU of its own
+
+
+def test_a_demotion_retried_until_the_run_computes_starts_no_thread_per_try(
+    manager: CpuManager, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wanted demotion is tried every ``RETRY_S`` until the run has used ``MIN_CPU_S``; the
+    tries run on the shared timer thread (``timer_queue.RUN_TIMERS``). A thread per try was
+    43% of the server's interpreter-lock samples under verl's load (issue 26)."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    handle = RunHandle()
+    runner = threading.Thread(target=lambda: manager.exec(sandbox, "sleep 0.6", timeout_s=20, handle=handle))
+    runner.start()
+    time.sleep(0.1)
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    handle.demote()  # a sleeping run never reaches MIN_CPU_S: tried again every RETRY_S
+    time.sleep(0.4)  # ~8 tries
+    monkeypatch.undo()
+    runner.join(10)
+    assert not handle.demoted
+    assert [n for n in started if n != "tangram-timers"] == [], started
+
+
+def test_the_timer_queue_runs_due_calls_in_order_and_skips_cancelled_ones() -> None:
+    from arl_tangram.managers.cpu.timer_queue import TimerQueue
+
+    queue = TimerQueue(name="test-timers")
+    ran: list[str] = []
+    done = threading.Event()
+    queue.call_later(0.15, lambda: ran.append("late"))
+    queue.call_later(0.05, lambda: ran.append("early"))
+    queue.call_later(0.10, lambda: ran.append("cancelled")).cancel()
+    queue.call_later(0.0, lambda: 1 / 0)  # a failing callback does not stop the queue
+    queue.call_later(0.2, done.set)
+    assert done.wait(5)
+    assert ran == ["early", "late"]

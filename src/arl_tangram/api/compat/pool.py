@@ -3,10 +3,10 @@
 Who calls: the compat route handlers, on the server's (the controller's) event loop. A code
 run borrows an env of its tenant and memory size from ``CodeEnvPool``, runs its actions in
 it and gives it back; the env is reset (workspace, /tmp and /dev/shm emptied: every
-process an action started is already gone, the CPU manager's rule) by one ``find`` its
-node's CPU manager runs in it, before anyone borrows it again and off the caller's critical
-path. The reset is pool housekeeping, not a scheduled action: it is the one program the
-server runs in a sandbox outside the scheduler (about 3 ms of CPU, on one core). At most
+process an action started is already gone, the CPU manager's rule) from the host side by
+its node's CPU manager (``CpuManager.empty_dirs``: no program runs), before anyone borrows
+it again and off the caller's critical path. The reset is pool housekeeping, not a
+scheduled action. At most
 ``max_envs`` envs of one (tenant, size) exist at once; a borrower beyond that waits for a
 free one, in line (a returned env is handed to the oldest waiter; no lock: the pool runs on
 one event loop), bounded by ``acquire_timeout_s`` (then ``Overloaded``, which the faces
@@ -33,13 +33,11 @@ from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
 from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
 
-#: empties the writable places; ``find`` exits non-zero when anything could not be removed
-#: (a directory the run made unwritable...): a failed reset retires the env (destroyed; the
-#: next borrower gets a new one), so a dirty sandbox never goes back to the pool. One process,
-#: no shell: a reset runs after every call, and ``bash`` with a second ``find`` to list what
-#: was left cost 9 ms of CPU a call against 3 ms (measured on this host's 2 cores)
-RESET_ARGV = ("find", "/workspace", "/tmp", "/dev/shm", "-mindepth", "1", "-delete")
-RESET_TIMEOUT_S = 30.0
+#: the writable places a reset empties (``CpuManager.empty_dirs``, from the host side): a
+#: sandbox that cannot be emptied (a directory the run made unwritable...) is retired (the
+#: next borrower gets a new one), so a dirty sandbox never goes back to the pool
+RESET_DIRS = ("/workspace", "/tmp", "/dev/shm")
+RESET_WAIT_S = 30.0  # ``aclose`` waits this long for resets in flight
 #: how long a cancelled caller waits for its action to end before giving its env up as
 #: dirty (a cancel ends a run in tens of milliseconds: freeze, kill, reap)
 SETTLE_S = 5.0
@@ -286,13 +284,15 @@ class CodeEnvPool:
         self._pass_on(bucket, env_id)
 
     async def _run_reset(self, env_id: str) -> tuple[bool, str]:
-        """Reset the env; (whether it is clean, why not). Run by its node's CPU manager on a
-        worker thread, not as a scheduled action: the pool holds the env, no action can run
-        in it meanwhile, and a reset's few milliseconds of CPU cost less than what scheduling
-        them as an action costs the server (issue 26: half of a call's actions were resets)."""
+        """Reset the env; (whether it is clean, why not). Its node's CPU manager empties
+        ``RESET_DIRS`` from the host side on a worker thread: no action is scheduled (the
+        pool holds the env, nothing runs in it; half of a call's actions were resets) and no
+        program is launched (a ``find`` in the sandbox was one more launch per call, whose
+        six cgroup joins queued on the kernel's cgroup lock behind everyone else's under
+        verl's load, issue 26)."""
         cpu = env_cpu(self.state, env_id)
-        res = await asyncio.to_thread(cpu.exec, env_id, RESET_ARGV, timeout_s=RESET_TIMEOUT_S)
-        return res.ok, res.stderr_text or str(res.error or res.outcome)
+        ok, why = await asyncio.to_thread(cpu.empty_dirs, env_id, RESET_DIRS)
+        return bool(ok), str(why)
 
     def _drop(self, env_id: str) -> None:
         if env_id in self.state.controller.env_specs:
@@ -313,7 +313,7 @@ class CodeEnvPool:
         self.closed = True
         if self.tasks:
             with contextlib.suppress(Exception):
-                await asyncio.wait(set(self.tasks), timeout=RESET_TIMEOUT_S)
+                await asyncio.wait(set(self.tasks), timeout=RESET_WAIT_S)
         for bucket in self.buckets.values():
             while bucket.idle:
                 self._drop(bucket.idle.pop())

@@ -211,6 +211,10 @@ class RayCpuProxy:
     def read_file(self, sandbox_id: str, path: str, max_bytes: int | None = None) -> bytes:
         return bytes(self.link.call("cpu", "read_file", sandbox_id, path, max_bytes))
 
+    def empty_dirs(self, sandbox_id: str, paths: Sequence[str]) -> tuple[bool, str]:
+        ok, why = self.link.call("cpu", "empty_dirs", sandbox_id, list(paths))
+        return bool(ok), str(why)
+
     def open_session(
         self, sandbox_id: str, *, env: Mapping[str, str] | None = None, cwd: str | None = None
     ) -> str:

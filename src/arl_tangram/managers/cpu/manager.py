@@ -513,6 +513,12 @@ class CpuManager:
         """A regular file's contents (a prefix of ``max_bytes``), capped by config.max_file_bytes."""
         return self.transfers.read(self.get_sandbox(sandbox_id), path, max_bytes)
 
+    def empty_dirs(self, sandbox_id: str, paths: Sequence[str]) -> tuple[bool, str]:
+        """Remove everything below each absolute directory of ``paths`` from the host side
+        (``wipe``: no program runs, no grant needed); (clean, why not). For a sandbox no
+        action runs in, as the SandboxFusion pool's reset between calls."""
+        return self.transfers.empty_dirs(self.get_sandbox(sandbox_id), paths)
+
     def open_spool(self, sandbox_id: str) -> Spool:
         """A streamed upload into the sandbox, spooled in its own /tmp (see ``spool``);
         the caller closes it."""

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES, Sandbox
+from arl_tangram.managers.cpu.timer_queue import RUN_TIMERS, Timer
 
 MIN_CPU_S = 0.05  # assumption: a run is demoted once it has *used* this much CPU (about a python start), not merely waited
 RETRY_S = 0.05  # how often a wanted demotion is tried again until it has
@@ -59,7 +60,7 @@ class RunHandle:
         self._at: tuple[Sandbox, str] | None = None
         self._limit_at = 0.0  # monotonic: when the run's timeout ends
         self._window_s = 0.0
-        self._timer: threading.Timer | None = None
+        self._timer: Timer | None = None  # on the shared ``RUN_TIMERS`` thread, not one thread per try
         self._demoted_at = 0.0  # monotonic
         self._wanted = False
         self._counting = False  # the slot's CPU counters are this run's (``counting``)
@@ -113,9 +114,7 @@ class RunHandle:
     def _arm(self, after_s: float, fn: Callable[[], None]) -> None:
         if self._timer is not None:
             self._timer.cancel()  # one timer at a time: ``detach`` cancels the one there is
-        self._timer = threading.Timer(after_s, fn)
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer = RUN_TIMERS.call_later(after_s, fn)
 
     def _retry(self) -> None:
         with self._lock:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 
-from arl_tangram.managers.cpu import files
+from arl_tangram.managers.cpu import files, wipe
 from arl_tangram.managers.cpu.config import CpuManagerConfig
 from arl_tangram.managers.cpu.errors import InvalidRequestError
 from arl_tangram.managers.cpu.sandbox import Sandbox
@@ -38,6 +39,13 @@ class Transfers:
         root = sb.open_root()
         try:
             return files.read_file(root, sb.layout, path, self._cap, max_bytes)
+        finally:
+            os.close(root)
+
+    def empty_dirs(self, sb: Sandbox, paths: Sequence[str]) -> tuple[bool, str]:
+        root = sb.open_root()
+        try:
+            return wipe.empty_dirs(root, sb.layout, paths)
         finally:
             os.close(root)
 
