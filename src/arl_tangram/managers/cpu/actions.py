@@ -35,6 +35,7 @@ from arl_tangram.managers.cpu.launch import (
     LAUNCH_MARK,
     LAUNCH_TIMEOUT_MARK,
     LAUNCH_TIMEOUT_RC,
+    NOTICE_FD_ENV,
     join_then_exec,
     native_argv,
     nsenter_argv,
@@ -76,25 +77,40 @@ class ActionRequest:
 
 
 def spawn_in_slot(
-    sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool, timeout_s: float | None = None
+    sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool,
+    timeout_s: float | None = None, notice_fd: int | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``argv`` inside the sandbox, its process already in ``slot``'s cgroups. With
     ``timeout_s`` the native launcher also kills the program's process group on its own
-    timer (a backstop kept by the kernel: ``_run`` sets it ``LAUNCHER_BACKSTOP_MARGIN_S``
-    after ``pump``'s deadline, which then comes first unless the manager's threads run late)."""
+    timer from the program's fork (a backstop kept by the kernel: ``_run`` sets it
+    ``LAUNCHER_BACKSTOP_MARGIN_S`` after ``pump``'s deadline, which then comes first unless
+    the manager's threads run late). With ``notice_fd`` (a pipe's write end) the native
+    launcher writes one byte on it once the program is forked (``started_notice``)."""
     join = sandbox.slot_join_files(slot)
     launcher = launcher_path()
+    launcher_env = HOST_ENV
+    pass_fds: tuple[int, ...] = ()
     if launcher is not None:
         timeout_ms = 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
         full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv, timeout_ms)
+        if notice_fd is not None:
+            launcher_env, pass_fds = {**HOST_ENV, NOTICE_FD_ENV: str(notice_fd)}, (notice_fd,)
     elif sandbox.layout.root is not None:  # the fallback keeps every capability: never on an image
         raise CpuManagerError(f"sandbox {sandbox.sandbox_id}: actions on an image root need the native launcher")
     else:
         full = join_then_exec(join, nsenter_argv(sandbox.init_pid, sandbox.layout, cwd, env, argv))
     return subprocess.Popen(
         full, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=HOST_ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=launcher_env, pass_fds=pass_fds,
     )  # fmt: skip
+
+
+def started_notice() -> tuple[int, int]:
+    """(read end, write end) of a pipe for ``spawn_in_slot(notice_fd=...)``: the read end
+    turns readable once the program is forked, its cgroup joins done (a byte), or once the
+    launcher is gone without forking it (EOF). Without the native launcher nothing is
+    written, and EOF comes when the program exits."""
+    return os.pipe2(os.O_CLOEXEC)
 
 
 def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -188,15 +204,27 @@ def _run(
     # the slot's count only: a kill in another slot is another action's outcome, and one file
     # (not one per slot) is read at each end of every run
     oom_before = driver.slot_oom_kills(sandbox.group, slot)
-    started = time.monotonic()  # the timeout counts from here: a slow spawn is part of the run
+    # The timeout counts from the program's fork (the launcher's notice): the launcher's
+    # cgroup joins before it queue on the kernel's global cgroup lock, for seconds when
+    # hundreds of runs start at once (issue 26: short programs timed out with no CPU used),
+    # and that wait is the platform's, as queueing is. ``started`` bounds it meanwhile.
+    started = time.monotonic()
     backstop_s = req.timeout_s + LAUNCHER_BACKSTOP_MARGIN_S if req.paused_s is None else None
-    proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
+    notice_r, notice_w = started_notice()
+    try:
+        proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s, notice_w)
+    except BaseException:
+        os.close(notice_r)
+        raise
+    finally:
+        os.close(notice_w)
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
-        stop_grace_s=req.kill_grace_s, paused_s=req.paused_s, watchers=req.watchers,
+        stop_grace_s=req.kill_grace_s, paused_s=req.paused_s, watchers=req.watchers, started_fd=notice_r,
     )  # fmt: skip
+    started = res.started_at
     # the launcher's own timer fired first (this thread ran late): a timeout all the same
     by_launcher = res.returncode == LAUNCH_TIMEOUT_RC and res.stderr.tail.endswith(LAUNCH_TIMEOUT_MARK)
     timed_out = res.timed_out or by_launcher

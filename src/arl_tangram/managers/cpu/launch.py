@@ -28,6 +28,7 @@ LAUNCH_MARK = b"arl-tangram-launch:"
 LAUNCH_TIMEOUT_RC = 124
 LAUNCH_TIMEOUT_MARK = b"\narl-tangram-launch: timeout\n"
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+NOTICE_FD_ENV = "ARL_TANGRAM_NOTICE_FD"  # the native launcher's started notice (``actions.started_notice``)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 

@@ -28,8 +28,13 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
  * forks (the pid namespace applies to children), and the child execs ARGV in CWD with
  * exactly the M environment entries. The parent waits and mirrors the child's status.
  * Exit 125 with "arl-tangram-launch:" on stderr when something before exec fails.
+ * With $ARL_TANGRAM_NOTICE_FD naming an open fd (the started notice; the launcher's own
+ * environment, not the program's), the parent writes one byte on it once the child
+ * is forked, then closes it; the child never inherits it. The cgroup joins before the fork
+ * can queue on the kernel's global cgroup lock for seconds under load: that wait is the
+ * platform's, not the program's, so the program's clock starts at the fork.
  * With TIMEOUT_MS > 0 the child leads its own process group and, TIMEOUT_MS after the
- * launcher started, the parent SIGKILLs that group, reaps the child, writes
+ * fork, the parent SIGKILLs that group, reaps the child, writes
  * "arl-tangram-launch: timeout" on stderr and exits 124: the deadline is kept by the kernel
  * even when the manager's own threads run late (it then kills the rest through the cgroup).
  */
@@ -76,7 +81,9 @@ static int wait_until(pid_t child, struct timespec end, const sigset_t *chld, in
 
 int main(int argc, char **argv) {
     struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end); /* the deadline counts from here, before the join */
+    const char *notice_env = getenv("ARL_TANGRAM_NOTICE_FD");
+    int notice = notice_env != NULL ? to_int(notice_env) : -1; /* the started notice, if given */
+    if (notice >= 0 && fcntl(notice, F_SETFD, FD_CLOEXEC) != 0) notice = -1;
     /* user last: bwrap nests the init's user namespace below the one owning the others,
      * so they are entered while still privileged in the host namespace */
     static const char *ns_names[] = {"ipc", "uts", "net", "pid", "mnt", "user"};
@@ -98,9 +105,6 @@ int main(int argc, char **argv) {
     const char *cwd = argv[i++];
     long long timeout_ms = strtoll(argv[i++], NULL, 10);
     int n_env = to_int(argv[i++]);
-    end.tv_sec += (time_t)(timeout_ms / 1000);
-    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (end.tv_nsec >= 1000000000L) { end.tv_sec++; end.tv_nsec -= 1000000000L; }
     char **envp = &argv[i];
     i += n_env;
     if (i >= argc || strcmp(argv[i], "--") != 0 || i + 1 >= argc) { errno = EINVAL; die("usage", NULL); }
@@ -129,8 +133,18 @@ int main(int argc, char **argv) {
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     if (timeout_ms > 0) sigprocmask(SIG_BLOCK, &chld, &old_mask); /* before fork: none is lost */
+    clock_gettime(CLOCK_MONOTONIC, &end); /* the deadline counts from the fork, after the joins */
+    end.tv_sec += (time_t)(timeout_ms / 1000);
+    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) { end.tv_sec++; end.tv_nsec -= 1000000000L; }
     pid_t child = fork();
     if (child < 0) die("fork", NULL);
+    if (child > 0 && notice >= 0) {
+        signal(SIGPIPE, SIG_IGN); /* a reader that went away changes nothing */
+        ssize_t ignored = write(notice, "s", 1);
+        (void)ignored;
+        close(notice);
+    }
     if (child == 0) {
         if (timeout_ms > 0) {
             sigprocmask(SIG_SETMASK, &old_mask, NULL);

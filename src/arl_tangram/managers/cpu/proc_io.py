@@ -23,6 +23,9 @@ from arl_tangram.managers.cpu.run_watch import RunWatcher
 _CHUNK = 65536
 _STOP_GRACE_S = 10.0
 _CANCEL_POLL_S = 0.05  # how often a cancel flag without a fileno is looked at
+#: with a started notice, how long past its timeout a program may take to be forked before
+#: its run is stopped (as timed out): a bound for a kernel stall, never reached in practice
+START_WAIT_S = 30.0
 _TAIL_BYTES = 64
 
 
@@ -63,6 +66,7 @@ class PumpResult:
     cancelled: bool
     stop_at: float | None = None  # monotonic: when the deadline (or cancel) was acted on
     killed_at: float | None = None  # monotonic: when ``on_stop`` returned (the kill done)
+    started_at: float = 0.0  # monotonic: when the timeout began counting
 
 
 def pump(
@@ -79,11 +83,15 @@ def pump(
     stop_grace_s: float = _STOP_GRACE_S,
     paused_s: Callable[[], float] | None = None,
     watchers: Sequence[RunWatcher] = (),
+    started_fd: int | None = None,
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
 
-    The timeout counts from ``started`` (a ``time.monotonic()`` value; default: now). On
+    The timeout counts from ``started`` (a ``time.monotonic()`` value; default: now), or,
+    with ``started_fd`` (``actions.started_notice``'s read end, which the pump closes), from
+    when that fd turns readable: the program's fork (until then, from ``started`` plus
+    ``START_WAIT_S``). On
     timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the wait
     then continues until the process is gone, at most ``stop_grace_s`` (then ``proc`` is
     killed). A process whose exit is already pending when the deadline is noticed has ended
@@ -112,7 +120,10 @@ def pump(
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
         else:
             proc.stdin.close()
-    base_deadline = deadline = (time.monotonic() if started is None else started) + timeout_s
+    started_at = time.monotonic() if started is None else started
+    base_deadline = deadline = started_at + timeout_s + (START_WAIT_S if started_fd is not None else 0.0)
+    if started_fd is not None:
+        sel.register(started_fd, selectors.EVENT_READ, "started")
     stopped = timed_out = cancelled = exited = False
     stop_at = killed_at = None
     watching = Watching(sel, watchers) if watchers else None
@@ -150,6 +161,11 @@ def pump(
                     exited = True
                 elif key.data == "cancel":
                     sel.unregister(key.fd)  # set for good: the loop's top acts on it
+                elif key.data == "started":
+                    sel.unregister(key.fd)  # one byte (forked) or EOF (the launcher is gone)
+                    if not stopped:
+                        started_at = time.monotonic()
+                        base_deadline = deadline = started_at + timeout_s
                 elif key.data == "stdin":
                     pending = _write_stdin(sel, proc, pending)
                 else:
@@ -158,7 +174,9 @@ def pump(
         _drain(sel, drain_s)
     finally:
         _close(sel, proc, pidfd)
-    return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at)
+        if started_fd is not None:
+            os.close(started_fd)
+    return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at, started_at)
 
 
 @dataclass(frozen=True)
