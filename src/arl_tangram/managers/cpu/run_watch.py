@@ -6,8 +6,9 @@ thread starts a round, each taking the interpreter lock while the event loop tha
 the requests waited for it. The pump thread (``proc_io.pump``) already sleeps in a selector
 until its program writes, exits or reaches its deadline; it now also wakes for its watchers'
 fds and due times and calls ``serve`` on them. (The demotion handle, ``preempt.RunHandle``,
-was served this way too and went back to its own timers: its punctual 50-ms tries for
-every run the core wanted demoted slowed short runs 2-3x under load, measured.)
+was served this way too and went back to timers: its punctual 50-ms tries for every run
+the core wanted demoted slowed short runs 2-3x under load, measured. Its timers now share
+one thread, ``timer_queue.RUN_TIMERS``.)
 
 Contract: ``serve`` runs on the pump thread only, from the run's start until its program has
 exited (never after ``pump`` returns); other threads change a watcher's wants by poking its
