@@ -106,3 +106,34 @@ async def test_envs_given_back_reach_every_waiter_in_one_pass_of_the_loop() -> N
     await asyncio.sleep(0)
     assert sum(t.done() for t in waiting) == n
     assert sorted(t.result() for t in waiting) == sorted(f"env-{i}" for i in range(n))
+
+
+async def test_a_retry_is_handed_an_env_before_older_first_attempts() -> None:
+    """verl retries a 504: the retry (``retry=True``) waits in the bucket's retry line, which
+    is served before the borrowers that were already waiting."""
+    pool = _full_pool()
+    bucket = pool._bucket(TENANT, MEM)
+    first = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0))
+    await _until(lambda: len(bucket.waiters) == 1)
+    retry = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, retry=True))
+    await _until(lambda: len(bucket.retries) == 1)
+    pool._pass_on(bucket, "env-1")
+    assert await asyncio.wait_for(retry, 3.0) == "env-1"
+    assert not first.done()
+    pool._pass_on(bucket, "env-2")
+    assert await asyncio.wait_for(first, 3.0) == "env-2"
+
+
+def test_the_retry_memory_marks_a_call_answered_504_once() -> None:
+    from types import SimpleNamespace
+
+    from arl_tangram.api.compat.retries import RetryMemory, key
+
+    body = SimpleNamespace(language="python", code="print(1)", stdin="1 2\n", compile_timeout=3, run_timeout=3, memory_limit_MB=1024)
+    other = SimpleNamespace(**{**vars(body), "stdin": "3 4\n"})
+    memory = RetryMemory()
+    assert not memory.take(key("t", body))
+    memory.note(key("t", body))
+    assert not memory.take(key("t", other)) and not memory.take(key("u", body))  # another case, another tenant
+    assert memory.take(key("t", body))
+    assert not memory.take(key("t", body))  # one priority pass per 504

@@ -121,6 +121,7 @@ def test_tenants_by_path_token_and_overload_is_a_retryable_504() -> None:
         assert codes == [200, 504]
         busy = [r for r in asyncio.run(two_at_once()) if r.status_code == 504]
         assert all(int(r.headers["Retry-After"]) >= 1 for r in busy)
+        assert len(s.app.state.compat.retries) == 1  # the call answered 504: its retry goes first
 
 
 def test_a_sandbox_is_reset_and_reused(server: ServerThread) -> None:

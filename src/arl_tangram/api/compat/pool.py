@@ -98,9 +98,11 @@ async def _ended(done: asyncio.Future[Any]) -> bool:
 class _Bucket:
     """The envs of one (tenant, mem_bytes, image): ``idle`` ready to borrow, ``live`` counting all
     (idle, borrowed, resetting, being created); ``waiters``: the borrowers waiting, oldest
-    first, each a future that gets an env handed to it (or None: look again)."""
+    first, each a future that gets an env handed to it (or None: look again); ``retries``:
+    the same for borrowers retrying a call answered 504 (``compat.retries``), served first."""
 
     waiters: collections.deque[asyncio.Future[str | None]] = field(default_factory=collections.deque)
+    retries: collections.deque[asyncio.Future[str | None]] = field(default_factory=collections.deque)
     idle: list[str] = field(default_factory=list)
     live: int = 0
     used_s: float = 0.0  # last borrow or return, for evicting the least recently used idle env
@@ -135,9 +137,12 @@ class CodeEnvPool:
             self.buckets[key] = _Bucket()
         return self.buckets[key]
 
-    async def acquire(self, tenant: str, mem_bytes: int, timeout_s: float | None = None, *, image: str = "host") -> str:
+    async def acquire(
+        self, tenant: str, mem_bytes: int, timeout_s: float | None = None, *, image: str = "host", retry: bool = False
+    ) -> str:
         """An env (internal id) on ``image`` (the host root by default: a SandboxFusion
-        language may name its own image) for the caller alone until ``release``. Raises ``Overloaded``
+        language may name its own image) for the caller alone until ``release``; a ``retry``
+        (of a call answered 504) waits in the retry line, served before the others. Raises ``Overloaded``
         when none frees within ``acquire_timeout_s`` (or ``timeout_s``, when shorter: the
         caller's deadline); ``EnvFailedError`` if a new one fails."""
         if self.closed:
@@ -155,7 +160,7 @@ class CodeEnvPool:
                     bucket.live += 1
                     starved = not fits
                     break
-            handed = await self._wait_turn(bucket, deadline - time.monotonic())
+            handed = await self._wait_turn(bucket, deadline - time.monotonic(), retry)
             if handed is not None:
                 bucket.idle.append(handed)  # taken (and its lease checked) at the top
             elif self.state.closing:
@@ -184,7 +189,7 @@ class CodeEnvPool:
             bucket.live -= 1
         return None
 
-    async def _wait_turn(self, bucket: _Bucket, left_s: float) -> str | None:
+    async def _wait_turn(self, bucket: _Bucket, left_s: float, retry: bool = False) -> str | None:
         """Wait, in line, for an env handed over (returned) or a wakeup (None: room may have
         freed, or the service is stopping); ``Overloaded`` when ``left_s`` runs out.
 
@@ -195,13 +200,14 @@ class CodeEnvPool:
         lock, ran a few iterations a second, issue 26.) What a borrower that timed out or was
         cancelled had been handed passes to the next."""
         turn: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        bucket.waiters.append(turn)
+        line = bucket.retries if retry else bucket.waiters
+        line.append(turn)
         try:
             async with asyncio.timeout(max(left_s, 0.0)):
                 return await turn
         except BaseException as exc:
-            if turn in bucket.waiters:
-                bucket.waiters.remove(turn)
+            if turn in line:
+                line.remove(turn)
             elif turn.done() and not turn.cancelled():
                 self._pass_on(bucket, turn.result())
             if isinstance(exc, TimeoutError):
@@ -209,12 +215,14 @@ class CodeEnvPool:
             raise
 
     def _pass_on(self, bucket: _Bucket, env_id: str | None) -> None:
-        """Hand ``env_id`` to the oldest waiter (idle when none waits); None wakes one."""
-        while bucket.waiters:
-            turn = bucket.waiters.popleft()
-            if not turn.done():
-                turn.set_result(env_id)
-                return
+        """Hand ``env_id`` to the oldest retry, else the oldest waiter (idle when none
+        waits); None wakes one."""
+        for line in (bucket.retries, bucket.waiters):
+            while line:
+                turn = line.popleft()
+                if not turn.done():
+                    turn.set_result(env_id)
+                    return
         if env_id is not None:
             bucket.idle.append(env_id)
             bucket.used_s = time.monotonic()
@@ -305,7 +313,7 @@ class CodeEnvPool:
 
     async def _wake_all(self) -> None:
         for bucket in list(self.buckets.values()):
-            while bucket.waiters:
+            while bucket.retries or bucket.waiters:
                 self._pass_on(bucket, None)
 
     async def aclose(self) -> None:

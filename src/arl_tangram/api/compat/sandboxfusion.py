@@ -16,7 +16,10 @@ run_timeout + 10`` s (its ``API_TIMEOUT``) including queue time, then scores it 
 error. We answer by that budget less ``DEADLINE_SLACK_S``: waiting for a sandbox is bounded
 by it, the compile step must start while the compile and the run still fit, the run while
 ``run_timeout`` still fits (``ActionSpec.deadline_s``; the core ends a run that cannot
-start in time ``rejected``/``deadline:``); each miss is a 504, which verl retries.
+start in time ``rejected``/``deadline:``); each miss is a 504, which verl retries. A retry
+(the same call again, ``compat.retries``) waits in its pool bucket's retry line, served
+before first attempts, so a test case turned away once is not turned away again for being
+back at the end of the line.
 Timeouts: ``run_timeout`` (and ``compile_timeout``) is wall time from the step's start,
 as SandboxFusion's own; preemption (``core.preemption``) lowers a long run's CPU priority
 but never pauses its clock, so a looping program dies at its timeout whatever it was
@@ -44,6 +47,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from arl_tangram.api.client_gone import wait_unless_gone
+from arl_tangram.api.compat import retries
 from arl_tangram.api.compat.languages import resolve
 from arl_tangram.api.compat.pool import ActionCancelled, env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
@@ -164,10 +168,16 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
     files = decode_files(body.files)
     mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
     end = deadline_end(body, time.monotonic())
+    call = retries.key(tenant, body)
     try:
-        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image)
+        env_id = await compat.pool.acquire(
+            tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=compat.retries.take(call)
+        )
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
+    except Overloaded:
+        compat.retries.note(call)  # verl retries a 504: its retry is served first
+        raise
     reusable = False
     # an image's WorkingDir may be anywhere; runs there use the workspace the pool resets
     cwd = None if image == "host" else WORKSPACE
@@ -187,6 +197,9 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
             "status": status, "message": message, "compile_result": compiled, "run_result": run,
             "executor_pod_name": r.node_id, "files": fetched,
         }  # fmt: skip
+    except Overloaded:
+        compat.retries.note(call)
+        raise
     except ActionCancelled:
         # the client went away during a step, which has ended since: the env is reset and
         # reused like any other (retiring it would cost a new sandbox's creation under the

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from arl_tangram.api.compat.pool import CodeEnvPool
+from arl_tangram.api.compat.retries import RetryMemory
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState
 from arl_tangram.runtime.config_sandboxfusion import DEFAULT_MAX_ENVS, DEFAULT_MAX_IDLE
 
@@ -43,6 +44,7 @@ class CompatState:
     settings: CompatSettings
     pool: CodeEnvPool
     swerex_envs: dict[str, Any] = field(default_factory=dict)  # internal env id -> its SWE-ReX state
+    retries: RetryMemory = field(default_factory=RetryMemory)  # SandboxFusion calls answered 504 lately
 
     async def aclose(self) -> None:
         """Release the pool's envs; SWE-ReX's envs belong to whoever created them."""
