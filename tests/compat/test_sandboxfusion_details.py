@@ -66,3 +66,32 @@ def test_a_sandbox_whose_client_gave_up_mid_run_is_reset_and_reused() -> None:
         assert idle() == warm, "the abandoned call's sandbox went back to the pool"
         listing = httpx.post(f"{s.url}/run_code", json={"code": "import os; print(os.listdir('.'))"}, timeout=60).json()
         assert "left-behind" not in listing["run_result"]["stdout"], "and was reset before its next call"
+
+
+def test_a_call_whose_step_cannot_start_in_time_gets_a_504_and_its_sandbox_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that cannot start before the client's timeout is answered 504 and never runs;
+    its sandbox goes back to the pool, reset (retiring it cost a destruction and a creation,
+    63 of them in one 256-call run of ``bench verdicts``, issue 26)."""
+    needs_sandbox_host()
+    from arl_tangram.api.compat import sandboxfusion
+
+    with serve_compat() as s:
+        pool = s.app.state.compat.pool
+
+        def idle() -> list[str]:
+            return [e for b in pool.buckets.values() for e in b.idle]
+
+        def settle() -> None:
+            deadline = time.monotonic() + 10
+            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
+        settle()
+        warm = idle()
+        # no time left for the run once the sandbox is borrowed: the step is turned away
+        monkeypatch.setattr(sandboxfusion, "deadline_end", lambda body, arrived: arrived + body.run_timeout)
+        assert httpx.post(f"{s.url}/run_code", json={"code": "print(2)"}, timeout=60).status_code == 504
+        monkeypatch.undo()
+        settle()
+        assert idle() == warm, "the turned-away call's sandbox went back to the pool"

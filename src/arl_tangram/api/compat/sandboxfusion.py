@@ -198,7 +198,11 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
             "executor_pod_name": r.node_id, "files": fetched,
         }  # fmt: skip
     except Overloaded:
+        # a step that could not start in time never ran: the env is as clean as after any
+        # call (retiring it cost a sandbox's destruction and creation, 63 of them in one
+        # 256-call run, each taking the kernel's cgroup lock every launch waits for)
         compat.retries.note(call)
+        reusable = True
         raise
     except ActionCancelled:
         # the client went away during a step, which has ended since: the env is reset and
