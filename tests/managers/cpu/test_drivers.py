@@ -16,6 +16,7 @@ from arl_tangram.managers.cpu.cgroup_detect import (
 from arl_tangram.managers.cpu.cgroup_driver import format_cpus, parse_cpus
 from arl_tangram.managers.cpu.cgroups_v2 import CgroupV2Driver
 from arl_tangram.managers.cpu.errors import CgroupUnavailableError
+from arl_tangram.managers.cpu.manager import CpuManager
 
 THIS_HOST_CGROUP = """9:name=systemd:/
 8:pids:/
@@ -75,6 +76,7 @@ def fake_v2(tmp_path: Path) -> Path:
     parent = tmp_path / "delegated"
     parent.mkdir()
     (parent / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (parent / "cpuset.cpus.effective").write_text("0-3\n")
     return parent
 
 
@@ -88,6 +90,7 @@ def test_v2_driver_writes_the_interface_files(fake_v2: Path) -> None:
     drv.create_root()
     root = fake_v2 / "arl-tangram-t"
     assert (fake_v2 / "cgroup.subtree_control").read_text() == "+cpu +cpuset +memory +pids"
+    assert (root / "cpu.weight").read_text() == "400"  # 4 cpus: the sandboxes weigh as 4 threads together
     drv.create_sandbox("sb-1", 64 << 20, 100, [0, 1])
     sb = root / "sb-1"
     assert (sb / "memory.max").read_text() == str(64 << 20)
@@ -162,3 +165,13 @@ def test_v2_driver_memory_per_action(fake_v2: Path) -> None:
     assert drv.sandbox_footprint_bytes("sb-1") == 1024
     (sb / "memory.current").write_text("512\n")  # the stat lags a freed spike: the exact counter caps it
     assert drv.sandbox_footprint_bytes("sb-1") == 512
+
+
+def test_the_v1_root_group_weighs_1024_per_cpu_it_manages(manager: CpuManager) -> None:
+    """At v1's default weight every sandbox together weighed one thread of the server or of a
+    client on the host: a burst of answers and retries starved the runs (issue 26)."""
+    if manager.driver.version != 1:
+        pytest.skip("reads cgroup v1 cpu.shares")
+    cpus = Path(manager.driver._path("cpuset", "cpuset.cpus")).read_text()  # type: ignore[attr-defined]
+    shares = int(Path(manager.driver._path("cpu", "cpu.shares")).read_text())  # type: ignore[attr-defined]
+    assert shares == 1024 * len(parse_cpus(cpus.strip()))

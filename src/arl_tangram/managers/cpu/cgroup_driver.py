@@ -113,6 +113,15 @@ class CgroupDriver(Protocol):
     def memory_dirs(self) -> tuple[str, ...]: ...
 
 
+def root_shares(num_cpus: int) -> int:
+    """The manager's root group's v1 ``cpu.shares``: 1024 per cpu it manages, as kubelet
+    weights its pods' group by the node's allocatable CPU. At the default 1024 every
+    sandbox together weighed as much as one thread of the server or of a rollout client on
+    the host, so a burst of requests starved the runs (issue 26: short programs timed out
+    after 3 s having had 20-30 ms of CPU while 500 answers and retries went out)."""
+    return max(2, min(262_144, 1024 * num_cpus))
+
+
 def format_cpus(cpus: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (the cpulist format of cpuset files)."""
     ranges: list[str] = []

@@ -19,6 +19,8 @@ from arl_tangram.managers.cpu.cgroup_driver import (
     CPU_QUOTA_MIN_US,
     INIT_SLOT,
     format_cpus,
+    parse_cpus,
+    root_shares,
 )
 from arl_tangram.managers.cpu.cgroup_fs import (
     read_int,
@@ -73,8 +75,10 @@ class CgroupV1Driver:
             for c in self._unique(V1_CONTROLLERS):
                 os.makedirs(self._dirs[c], exist_ok=True)
             cpuset_parent = self._parents["cpuset"]
-            write_text(self._path("cpuset", "cpuset.cpus"), read_text(os.path.join(cpuset_parent, "cpuset.cpus")).strip())
+            cpus = read_text(os.path.join(cpuset_parent, "cpuset.cpus")).strip()
+            write_text(self._path("cpuset", "cpuset.cpus"), cpus)
             write_text(self._path("cpuset", "cpuset.mems"), read_text(os.path.join(cpuset_parent, "cpuset.mems")).strip())
+            write_text(self._path("cpu", "cpu.shares"), str(root_shares(len(parse_cpus(cpus)))))
         except OSError as exc:
             self.remove_root()
             raise CgroupUnavailableError(

@@ -18,6 +18,8 @@ from arl_tangram.managers.cpu.cgroup_driver import (
     CPU_QUOTA_MIN_US,
     INIT_SLOT,
     format_cpus,
+    parse_cpus,
+    root_shares,
 )
 from arl_tangram.managers.cpu.cgroup_fs import (
     read_int,
@@ -67,12 +69,21 @@ class CgroupV2Driver:
             self._enable(self._parent)
             os.makedirs(self._root, exist_ok=True)
             self._enable(self._root)
+            write_text(os.path.join(self._root, "cpu.weight"), str(min(10_000, root_shares(self._num_cpus()) * 100 // 1024)))
         except OSError as exc:
             hint = " (the parent holds tasks; move them to a leaf group)" if exc.errno == errno.EBUSY else ""
             raise CgroupUnavailableError(
                 f"cgroup v2: cannot create the manager's groups under {self._parent}: {exc}{hint}; "
                 "run as root with a delegated subtree, or pass unisolated=True for a dev mode"
             ) from exc
+
+    def _num_cpus(self) -> int:
+        """The cpus the parent grants (its effective cpuset; this process's affinity if the
+        parent does not say)."""
+        try:
+            return len(parse_cpus(read_text(os.path.join(self._parent, "cpuset.cpus.effective")).strip()))
+        except (OSError, ValueError):
+            return len(os.sched_getaffinity(0))
 
     def remove_root(self) -> None:
         rmdir_retry(self._root)
