@@ -95,3 +95,38 @@ def test_a_call_whose_step_cannot_start_in_time_gets_a_504_and_its_sandbox_is_re
         monkeypatch.undo()
         settle()
         assert idle() == warm, "the turned-away call's sandbox went back to the pool"
+
+
+def test_a_call_not_answered_before_the_clients_timeout_gets_a_504_and_its_sandbox_is_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl scores a read timeout as a sandbox error but retries a 504: a call whose answer
+    is not ready ``ANSWER_BY_MARGIN_S`` before verl's read timeout is answered 504 then, its
+    run cancelled, its sandbox reset and reused. (The margin is raised here so that a 2.5-s
+    program, which starts in time, is not answered in time.)"""
+    needs_sandbox_host()
+    from arl_tangram.api.compat import sandboxfusion
+
+    with serve_compat() as s:
+        pool = s.app.state.compat.pool
+
+        def idle() -> list[str]:
+            return [e for b in pool.buckets.values() for e in b.idle]
+
+        def settle() -> None:
+            deadline = time.monotonic() + 10
+            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
+        settle()
+        warm = idle()
+        monkeypatch.setattr(sandboxfusion, "ANSWER_BY_MARGIN_S", 12.5)  # answer within 1.5 s (3 + 1 + 10 - 12.5)
+        body = {"code": "import time; time.sleep(2.5); print('late')", "run_timeout": 3, "compile_timeout": 1}
+        t0 = time.monotonic()
+        r = httpx.post(f"{s.url}/run_code", json=body, timeout=60)
+        assert r.status_code == 504 and time.monotonic() - t0 < 2.4, (r.status_code, time.monotonic() - t0)
+        monkeypatch.undo()
+        settle()
+        assert idle() == warm, "the cancelled call's sandbox went back to the pool"
+        assert len(s.app.state.compat.retries) == 1  # its retry goes first

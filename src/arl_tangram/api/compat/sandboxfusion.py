@@ -16,7 +16,10 @@ run_timeout + 10`` s (its ``API_TIMEOUT``) including queue time, then scores it 
 error. We answer by that budget less ``DEADLINE_SLACK_S``: waiting for a sandbox is bounded
 by it, the compile step must start while the compile and the run still fit, the run while
 ``run_timeout`` still fits (``ActionSpec.deadline_s``; the core ends a run that cannot
-start in time ``rejected``/``deadline:``); each miss is a 504, which verl retries. A retry
+start in time ``rejected``/``deadline:``); each miss is a 504, which verl retries. A call
+not answered ``ANSWER_BY_MARGIN_S`` before verl's read timeout (a program forked late, its
+launcher's cgroup joins queued on the kernel's lock) is answered 504 then and its run
+cancelled (``answer_by``): verl retries a 504, while a read timeout is a wrong verdict. A retry
 (the same call again, ``compat.retries``) waits in its pool bucket's retry line, served
 before first attempts, so a test case turned away once is not turned away again for being
 back at the end of the line.
@@ -61,6 +64,9 @@ from arl_tangram.runtime.controller import EnvFailedError
 MAX_TIMEOUT_S = 3600.0
 VERL_CLIENT_MARGIN_S = 10.0  # verl 0.9.1's API_TIMEOUT: its read timeout is compile + run + this
 DEADLINE_SLACK_S = 3.0  # our answer (a 504 included) must reach the client before it gives up
+#: a call not answered this long before verl's read timeout is answered 504 then (and its
+#: run cancelled): verl retries a 504, while a read timeout is a wrong verdict
+ANSWER_BY_MARGIN_S = 1.0
 MAX_FILES = 1000
 WORKSPACE = "/workspace"
 router = APIRouter(tags=["sandboxfusion"], route_class=JsonBodyRoute)  # its contract is SandboxFusion's; documented in /openapi.json under its tag
@@ -162,22 +168,27 @@ async def fetch(compat: CompatState, env_id: str, paths: list[str], cwd: str | N
 
 async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> dict[str, Any]:
     """One stateless code run (see the module docstring); raises ``Overloaded`` (-> 504),
-    ``SpecError``/``UnknownLanguage`` (-> 422)."""
+    ``SpecError``/``UnknownLanguage`` (-> 422). A call answered 504, or cancelled (its
+    client went away, or no answer was ready by ``answer_by``: a 504), is remembered, so
+    its retry is served first (``compat.retries``)."""
+    call = retries.key(tenant, body)
+    try:
+        return await _run_code(compat, tenant, body, compat.retries.take(call))
+    except (Overloaded, asyncio.CancelledError):
+        compat.retries.note(call)
+        raise
+
+
+async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retry: bool) -> dict[str, Any]:
     place = resolve(body.language, compat.api.runtime.config.sandboxfusion.language_images)
     lang, image = place.language, place.image
     files = decode_files(body.files)
     mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
     end = deadline_end(body, time.monotonic())
-    call = retries.key(tenant, body)
     try:
-        env_id = await compat.pool.acquire(
-            tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=compat.retries.take(call)
-        )
+        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=retry)
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
-    except Overloaded:
-        compat.retries.note(call)  # verl retries a 504: its retry is served first
-        raise
     reusable = False
     # an image's WorkingDir may be anywhere; runs there use the workspace the pool resets
     cwd = None if image == "host" else WORKSPACE
@@ -201,7 +212,6 @@ async def run_code(compat: CompatState, tenant: str, body: RunCodeRequest) -> di
         # a step that could not start in time never ran: the env is as clean as after any
         # call (retiring it cost a sandbox's destruction and creation, 63 of them in one
         # 256-call run, each taking the kernel's cgroup lock every launch waits for)
-        compat.retries.note(call)
         reusable = True
         raise
     except ActionCancelled:
@@ -223,6 +233,15 @@ def _in_workspace(path: str, cwd: str | None) -> str:
 def deadline_end(body: RunCodeRequest, arrived: float) -> float:
     """When (monotonic) the call's answer is due: verl's read timeout less our slack."""
     return arrived + body.compile_timeout + body.run_timeout + VERL_CLIENT_MARGIN_S - DEADLINE_SLACK_S
+
+
+def answer_by(body: RunCodeRequest) -> float:
+    """Seconds from now within which the call is answered, a 504 if its run has not ended:
+    ``ANSWER_BY_MARGIN_S`` before verl's read timeout. A run that started in time (by
+    ``deadline_end``'s rule) ends before then unless its program was forked late (its
+    launcher's cgroup joins queued on the kernel's lock), and then verl would score it a
+    sandbox error; a 504 is retried instead (first in line)."""
+    return body.compile_timeout + body.run_timeout + VERL_CLIENT_MARGIN_S - ANSWER_BY_MARGIN_S
 
 
 async def _run_step(compat: CompatState, tenant: str, env_id: str, kind: str, step: ExecPayload, end: float) -> ActionResult:
@@ -247,10 +266,11 @@ def overloaded_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"overloaded, retry: {exc}"}, status_code=504, headers=headers)
 
 
-async def serve(request: Request, work: Any) -> Any:
+async def serve(request: Request, work: Any, answer_by_s: float | None = None) -> Any:
     """Tenant, then ``work(compat, tenant)`` as a task of its own (a client that goes away
     does not strand a borrowed sandbox: the task is cancelled, which cancels its action and
-    gives the sandbox back); overload -> 504, no credential -> 401."""
+    gives the sandbox back); overload, or no answer within ``answer_by_s`` (the task is then
+    cancelled as well) -> 504, no credential -> 401."""
     compat = compat_state(request)
     try:
         tenant = tenant_for(compat.api, request.path_params.get("token"))
@@ -258,9 +278,12 @@ async def serve(request: Request, work: Any) -> Any:
         return JSONResponse({"detail": f"{exc}; SandboxFusion callers put it in the path: /t/<token>/run_code"}, 401)
     task = compat.api.spawn(work(compat, tenant))
     try:
-        if not await wait_unless_gone(request, task, None):
+        if not await wait_unless_gone(request, task, answer_by_s):
             task.cancel()  # nobody reads this run's answer: stop it now
             return Response(status_code=499)
+        if not task.done():
+            task.cancel()  # too late to answer before the client's timeout: it retries a 504
+            return overloaded_response(Overloaded(f"{DEADLINE_PREFIX} no answer before the client's timeout", 1.0))
         return task.result()
     except Overloaded as exc:
         return overloaded_response(exc)
@@ -285,4 +308,4 @@ async def ping(request: Request) -> Any:
 @router.post("/run_code")
 @router.post("/t/{token}/run_code")
 async def run_code_route(request: Request, body: RunCodeRequest) -> Any:
-    return await serve(request, lambda compat, tenant: run_code(compat, tenant, body))
+    return await serve(request, lambda compat, tenant: run_code(compat, tenant, body), answer_by(body))
