@@ -5,16 +5,33 @@ client reads the run, raw JSON the flags), and a run whose client gave up is can
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
 
+from arl_tangram.api.server import ServerThread
 from tests.compat.conftest import needs_sandbox_host, serve_compat
 
 pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client package is not installed")
 from sandbox_fusion import RunCodeRequest, run_code  # noqa: E402
 
 TOKEN = "tok-details"
+
+
+def _pool_watch(s: ServerThread) -> tuple[Callable[[], list[str]], Callable[[], None]]:
+    """(the pool's idle envs now, a wait until no action runs and some env is idle)."""
+    pool = s.app.state.compat.pool
+
+    def idle() -> list[str]:
+        return [e for b in pool.buckets.values() for e in b.idle]
+
+    def settle() -> None:
+        deadline = time.monotonic() + 10
+        while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return idle, settle
 
 
 def test_ping_under_the_token_prefix_truncation_and_cancel_on_disconnect() -> None:
@@ -45,16 +62,7 @@ def test_a_sandbox_whose_client_gave_up_mid_run_is_reset_and_reused() -> None:
     has ended, its sandbox goes back to the pool, reset: the next call gets it, clean."""
     needs_sandbox_host()
     with serve_compat() as s:
-        pool = s.app.state.compat.pool
-
-        def idle() -> list[str]:
-            return [e for b in pool.buckets.values() for e in b.idle]
-
-        def settle() -> None:
-            deadline = time.monotonic() + 10
-            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-
+        idle, settle = _pool_watch(s)
         assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
         settle()
         warm = idle()
@@ -76,16 +84,7 @@ def test_a_call_whose_step_cannot_start_in_time_gets_a_504_and_its_sandbox_is_re
     from arl_tangram.api.compat import sandboxfusion
 
     with serve_compat() as s:
-        pool = s.app.state.compat.pool
-
-        def idle() -> list[str]:
-            return [e for b in pool.buckets.values() for e in b.idle]
-
-        def settle() -> None:
-            deadline = time.monotonic() + 10
-            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-
+        idle, settle = _pool_watch(s)
         assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
         settle()
         warm = idle()
@@ -108,16 +107,7 @@ def test_a_call_not_answered_before_the_clients_timeout_gets_a_504_and_its_sandb
     from arl_tangram.api.compat import sandboxfusion
 
     with serve_compat() as s:
-        pool = s.app.state.compat.pool
-
-        def idle() -> list[str]:
-            return [e for b in pool.buckets.values() for e in b.idle]
-
-        def settle() -> None:
-            deadline = time.monotonic() + 10
-            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-
+        idle, settle = _pool_watch(s)
         assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
         settle()
         warm = idle()

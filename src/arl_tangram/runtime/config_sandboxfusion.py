@@ -26,7 +26,12 @@ out could leave a bucket's lock held forever (every later call of that size hung
 past 1024 fds failed (``select``), and each call whose client gave up retired its sandbox.
 After the fixes, the same four runs (a probe outside git), 256-call verdicts right: with 64
 sandboxes 0.88-1.0 / 0.65-1.0 over six servers (one ``bench verdicts`` run: 0.95 / 0.34);
-with 128, before the fd fix, 0.77-0.99 / 0.35-0.69 over two. It stays 64.
+with 128, before the fd fix, 0.77-0.99 / 0.35-0.69 over two. It stays 64. Once the runs no
+longer queued on the kernel's cgroup lock (issue 26: the host-side reset, the clock from
+the fork, the root group's weight), one ``bench verdicts`` run with 128 (and demotion at
+30 ms of CPU) got 0.80 / 1.0 of the 256-call verdicts right against 1.0 / 1.0 with 64: at
+128 runs at once the looping ones reach their first quantum of CPU too slowly to be
+demoted before their final window, and short ones starve beside them.
 An idle sandbox holds only its footprint (memory is granted per action), so ``max_idle``
 keeps the whole burst warm for the next step. ``scripts/build_lang_image.sh``
 builds one image with go, rust, php and nodejs + typescript (it downloads: run it by hand).
