@@ -4,8 +4,9 @@ client reads the run, raw JSON the flags), and a run whose client gave up is can
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -19,19 +20,24 @@ from sandbox_fusion import RunCodeRequest, run_code  # noqa: E402
 TOKEN = "tok-details"
 
 
-def _pool_watch(s: ServerThread) -> tuple[Callable[[], list[str]], Callable[[], None]]:
-    """(the pool's idle envs now, a wait until no action runs and some env is idle)."""
-    pool = s.app.state.compat.pool
+@contextlib.contextmanager
+def _warm_pool() -> Iterator[tuple[ServerThread, Callable[[], list[str]], Callable[[], None], list[str]]]:
+    """A server whose pool holds one warm sandbox: (server, the pool's idle envs now, a wait
+    until no action runs and some env is idle, the warm envs)."""
+    with serve_compat() as s:
+        pool = s.app.state.compat.pool
 
-    def idle() -> list[str]:
-        return [e for b in pool.buckets.values() for e in b.idle]
+        def idle() -> list[str]:
+            return [e for b in pool.buckets.values() for e in b.idle]
 
-    def settle() -> None:
-        deadline = time.monotonic() + 10
-        while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        def settle() -> None:
+            deadline = time.monotonic() + 10
+            while (s.app.state.api.controller.loop.state.running or not idle()) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
-    return idle, settle
+        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
+        settle()
+        yield s, idle, settle, idle()
 
 
 def test_ping_under_the_token_prefix_truncation_and_cancel_on_disconnect() -> None:
@@ -61,11 +67,7 @@ def test_a_sandbox_whose_client_gave_up_mid_run_is_reset_and_reused() -> None:
     the next burst create them again, under the same load (issue 26). Once the abandoned run
     has ended, its sandbox goes back to the pool, reset: the next call gets it, clean."""
     needs_sandbox_host()
-    with serve_compat() as s:
-        idle, settle = _pool_watch(s)
-        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
-        settle()
-        warm = idle()
+    with _warm_pool() as (s, idle, settle, warm):
         assert len(warm) == 1
         program = "open('left-behind', 'w').write('x'); import time; time.sleep(60)"
         with pytest.raises(httpx.ReadTimeout):  # the client gives up on a 60 s program after 1.5 s
@@ -83,11 +85,7 @@ def test_a_call_whose_step_cannot_start_in_time_gets_a_504_and_its_sandbox_is_re
     needs_sandbox_host()
     from arl_tangram.api.compat import sandboxfusion
 
-    with serve_compat() as s:
-        idle, settle = _pool_watch(s)
-        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
-        settle()
-        warm = idle()
+    with _warm_pool() as (s, idle, settle, warm):
         # no time left for the run once the sandbox is borrowed: the step is turned away
         monkeypatch.setattr(sandboxfusion, "deadline_end", lambda body, arrived: arrived + body.run_timeout)
         assert httpx.post(f"{s.url}/run_code", json={"code": "print(2)"}, timeout=60).status_code == 504
@@ -106,11 +104,7 @@ def test_a_call_not_answered_before_the_clients_timeout_gets_a_504_and_its_sandb
     needs_sandbox_host()
     from arl_tangram.api.compat import sandboxfusion
 
-    with serve_compat() as s:
-        idle, settle = _pool_watch(s)
-        assert httpx.post(f"{s.url}/run_code", json={"code": "print(1)"}, timeout=60).json()["status"] == "Success"
-        settle()
-        warm = idle()
+    with _warm_pool() as (s, idle, settle, warm):
         monkeypatch.setattr(sandboxfusion, "ANSWER_BY_MARGIN_S", 12.5)  # answer within 1.5 s (3 + 1 + 10 - 12.5)
         body = {"code": "import time; time.sleep(2.5); print('late')", "run_timeout": 3, "compile_timeout": 1}
         t0 = time.monotonic()
