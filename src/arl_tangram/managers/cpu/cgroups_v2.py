@@ -69,7 +69,7 @@ class CgroupV2Driver:
             self._enable(self._parent)
             os.makedirs(self._root, exist_ok=True)
             self._enable(self._root)
-            write_text(os.path.join(self._root, "cpu.weight"), str(min(10_000, root_shares(self._num_cpus()) * 100 // 1024)))
+            write_text(os.path.join(self._root, "cpu.weight"), _weight(root_shares(self._num_cpus())))
         except OSError as exc:
             hint = " (the parent holds tasks; move them to a leaf group)" if exc.errno == errno.EBUSY else ""
             raise CgroupUnavailableError(
@@ -150,7 +150,7 @@ class CgroupV2Driver:
 
     def set_shares(self, sandbox: str, shares: int) -> None:
         """``cpu.weight`` from v1-style shares (1024 = weight 100)."""
-        write_text(self._path(sandbox, "cpu.weight"), str(min(10_000, max(1, shares * 100 // 1024))))
+        write_text(self._path(sandbox, "cpu.weight"), _weight(shares))
 
     def set_limits(self, sandbox: str, mem_bytes: int, pids_max: int) -> None:
         write_text(self._path(sandbox, "memory.max"), str(mem_bytes))
@@ -275,3 +275,8 @@ class CgroupV2Driver:
 def _cpu_max(quota_us: int) -> str:
     quota = "max" if quota_us < 0 else str(max(quota_us, CPU_QUOTA_MIN_US))
     return f"{quota} {CPU_PERIOD_US}"
+
+
+def _weight(shares: int) -> str:
+    """v2 ``cpu.weight`` for v1-style ``shares`` (1024 = weight 100)."""
+    return str(min(10_000, max(1, shares * 100 // 1024)))

@@ -62,11 +62,6 @@ class TimerQueue:
                 self._cond.notify()  # due before what the thread sleeps towards
         return timer
 
-    def pending(self) -> int:
-        """Timers not yet run or skipped (cancelled ones included until their due time)."""
-        with self._cond:
-            return len(self._heap)
-
     def _serve(self) -> None:
         while True:
             with self._cond:

@@ -20,11 +20,10 @@ so nothing in the sandbox races the walk.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 
-from arl_tangram.managers.cpu.files import as_sandbox_user
+from arl_tangram.managers.cpu.files import as_sandbox_user, walk_dir
 from arl_tangram.managers.cpu.launch import SandboxLayout
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -42,24 +41,15 @@ def empty_dirs(root_fd: int, layout: SandboxLayout, paths: Sequence[str], max_en
     try:
         with as_sandbox_user(layout):
             for path in paths:
-                with _open_dir(root_fd, path) as dfd:
-                    _empty(dfd, path, budget)
+                with walk_dir(f"/proc/self/fd/{root_fd}", tuple(p for p in path.split("/") if p), False) as at:
+                    dfd = os.open(".", _DIR_FLAGS, dir_fd=at)  # readable: ``walk_dir`` gives an O_PATH fd
+                    try:
+                        _empty(dfd, path, budget)
+                    finally:
+                        os.close(dfd)
     except (OSError, Unclean) as exc:
         return False, str(exc)
     return True, ""
-
-
-@contextlib.contextmanager
-def _open_dir(root_fd: int, path: str):  # type: ignore[no-untyped-def]
-    """fd of ``path`` below the sandbox root, no link followed on the way."""
-    fds = [os.open(f"/proc/self/fd/{root_fd}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
-    try:
-        for name in (p for p in path.split("/") if p):
-            fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
-        yield fds[-1]
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def _empty(dfd: int, where: str, budget: list[int]) -> None:
