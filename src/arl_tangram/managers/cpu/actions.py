@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from arl_tangram.managers.cpu.armed import Armed, Armory, armed_args
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S, is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
@@ -74,6 +75,7 @@ class ActionRequest:
     watchers: tuple[RunWatcher, ...] = ()
     # called once the slot's counters are reset: its CPU from then on is this run's
     on_counting: Callable[[], None] | None = None
+    armory: Armory | None = None  # the slot's armed launcher is used when there is one (``armed``)
 
 
 def spawn_in_slot(
@@ -91,8 +93,7 @@ def spawn_in_slot(
     launcher_env = HOST_ENV
     pass_fds: tuple[int, ...] = ()
     if launcher is not None:
-        timeout_ms = 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
-        full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv, timeout_ms)
+        full = native_argv(launcher, join, sandbox.init_pid, sandbox.layout, cwd, env, argv, _timeout_ms(timeout_s))
         if notice_fd is not None:
             launcher_env, pass_fds = {**HOST_ENV, NOTICE_FD_ENV: str(notice_fd)}, (notice_fd,)
     elif sandbox.layout.root is not None:  # the fallback keeps every capability: never on an image
@@ -103,6 +104,22 @@ def spawn_in_slot(
         full, stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=launcher_env, pass_fds=pass_fds,
     )  # fmt: skip
+
+
+def _timeout_ms(timeout_s: float | None) -> int:
+    return 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
+
+
+def launch_armed(
+    armed: Armed, sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool,
+    timeout_s: float | None,
+) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+    """``spawn_in_slot`` through the slot's armed launcher (already in the slot's cgroups):
+    (its process, the fd its started notice comes on, now the caller's). Raises ``OSError``
+    when the launcher is gone (the caller then launches as usual)."""
+    join = sandbox.slot_join_files(slot)
+    native = native_argv("", join, sandbox.init_pid, sandbox.layout, cwd, env, argv, _timeout_ms(timeout_s))
+    return armed.proc, armed.launch(armed_args(native, len(join)), stdin_pipe)
 
 
 def started_notice() -> tuple[int, int]:
@@ -178,6 +195,26 @@ def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[in
     return len(leftovers), None
 
 
+def _spawn(sandbox: Sandbox, slot: str, req: ActionRequest, backstop_s: float | None) -> tuple[subprocess.Popen[bytes], int]:
+    """The run's launcher (the slot's armed one when it has one) and its started-notice fd."""
+    armed = req.armory.take(sandbox, slot) if req.armory is not None else None
+    if armed is not None:
+        try:
+            return launch_armed(armed, sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
+        except OSError:
+            req.armory.discard(armed)  # type: ignore[union-attr]  # gone meanwhile: launch as usual
+    elif req.armory is not None:
+        req.armory.note_launch()
+    notice_r, notice_w = started_notice()
+    try:
+        return spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s, notice_w), notice_r
+    except BaseException:
+        os.close(notice_r)
+        raise
+    finally:
+        os.close(notice_w)
+
+
 def run_action(
     sandbox: Sandbox, driver: CgroupDriver, slot: str, req: ActionRequest, grant: tuple[tuple[int, ...], int], cancel: threading.Event | None
 ) -> ExecResult:
@@ -210,14 +247,7 @@ def _run(
     # and that wait is the platform's, as queueing is. ``started`` bounds it meanwhile.
     started = time.monotonic()
     backstop_s = req.timeout_s + LAUNCHER_BACKSTOP_MARGIN_S if req.paused_s is None else None
-    notice_r, notice_w = started_notice()
-    try:
-        proc = spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s, notice_w)
-    except BaseException:
-        os.close(notice_r)
-        raise
-    finally:
-        os.close(notice_w)
+    proc, notice_r = _spawn(sandbox, slot, req, backstop_s)
     t_spawned = time.perf_counter()
     res = pump(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from arl_tangram.managers.cpu import files
 from arl_tangram.managers.cpu.actions import ActionRequest, run_action
+from arl_tangram.managers.cpu.armed import Armory
 from arl_tangram.managers.cpu.cgroup_detect import detect_driver
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.cgroup_null import NullCgroupDriver
@@ -112,7 +113,9 @@ class CpuManager:
         self._broken: list[Sandbox] = []  # destroys that left something; close retries them
         self._closed = False
         self.transfers = Transfers(self.config)
-        launcher_path()  # build the native launcher now, not inside the first action
+        # build the native launcher now, not inside the first action; free slots get one armed
+        launcher = launcher_path()
+        self.armory = Armory(launcher if self.config.arm_launchers else None)
         helper_path()  # and the image root helper, not inside the first image create
         self._keeper: Keeper | None = None
         if self.driver.version:
@@ -172,6 +175,7 @@ class CpuManager:
             self.sessions.forget_sandbox(sb.sandbox_id)
             problems += [f"{sb.sandbox_id}: {p}" for p in _safe(sb.destroy)]
         problems += [f"{sb.sandbox_id}: {p}" for sb in broken for p in _safe(sb.retry_cleanup)]
+        self.armory.close()  # after the destroys: their kills ended the launchers they dropped
         problems += [f"root: {p}" for p in _safe(self._remove_root)]
         if self._keeper is not None:
             self._keeper.close()
@@ -198,6 +202,7 @@ class CpuManager:
 
     def _start_sandbox(self, spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
         sb = Sandbox(sandbox_id or secrets.token_hex(6), self.driver, self._layout(spec), self.topology.cpus)
+        sb.before_destroy = self.armory.drop
         try:
             sb.start(spec.mem_bytes, spec.pids_max)
         except BaseException:
@@ -453,13 +458,15 @@ class CpuManager:
                 watchers = (pause,) if pause is not None else ()
                 run_req = ActionRequest(**{
                     **req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None, "watchers": watchers,
-                    "on_counting": handle.counting if handle is not None else None,
+                    "on_counting": handle.counting if handle is not None else None, "armory": self.armory,
                 })  # fmt: skip
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
                 if handle is not None:
                     handle.detach()
                 sb.end(slot, keep="kept" if req.background else "free")
+                if not req.background:
+                    self.armory.request(sb, slot)
                 paused_s = 0.0
                 if pause is not None:
                     paused_s = self.memory.close(sandbox_id, pause, self._mem_limit(sandbox_id, None))

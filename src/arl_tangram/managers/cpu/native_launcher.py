@@ -33,6 +33,12 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
  * is forked, then closes it; the child never inherits it. The cgroup joins before the fork
  * can queue on the kernel's global cgroup lock for seconds under load: that wait is the
  * platform's, not the program's, so the program's clock starts at the fork.
+ * Armed (``armed.py``): with $ARL_TANGRAM_ARMED set and a notice fd (a socket), argv ends
+ * after GID; once joined, in the namespaces and dropped to UID/GID, the launcher reads the
+ * rest of its arguments from the notice fd (a 4-byte native-endian length, then that many
+ * bytes of NUL-terminated strings: CWD TIMEOUT_MS M KEY=VALUE... -- ARGV...) and goes on as
+ * above. EOF instead (disarmed) exits 0. Its joins are then done before the run is due,
+ * off the run's path, and while it waits it is a process of the sandbox's user.
  * With TIMEOUT_MS > 0 the child leads its own process group and, TIMEOUT_MS after the
  * fork, the parent SIGKILLs that group, reaps the child, writes
  * "arl-tangram-launch: timeout" on stderr and exits 124: the deadline is kept by the kernel
@@ -79,6 +85,43 @@ static int wait_until(pid_t child, struct timespec end, const sigset_t *chld, in
     }
 }
 
+/* read exactly n bytes; 0 at EOF before any, -1 on error or a short message */
+static int read_full(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r == 0) return got == 0 ? 0 : -1;
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 1;
+}
+
+/* an armed launcher's remaining arguments (see the header); exits 0 when disarmed (EOF) */
+static char **read_args(int fd, int *argc) {
+    unsigned int n;
+    int r = read_full(fd, &n, sizeof n);
+    if (r == 0) _exit(0);
+    if (r < 0 || n == 0 || n > (64u << 20)) { errno = EPROTO; die("armed arguments", NULL); }
+    char *data = malloc((size_t)n + 1);
+    if (data == NULL || read_full(fd, data, n) != 1) { errno = EPROTO; die("armed arguments", NULL); }
+    data[n] = '\0';
+    int count = 0;
+    for (unsigned int k = 0; k < n; k++) count += data[k] == '\0';
+    char **out = calloc((size_t)count + 1, sizeof *out);
+    if (out == NULL) die("calloc", NULL);
+    char *p = data;
+    for (int k = 0; k < count; k++) {
+        out[k] = p;
+        p += strlen(p) + 1;
+    }
+    *argc = count;
+    return out;
+}
+
 int main(int argc, char **argv) {
     struct timespec end;
     const char *notice_env = getenv("ARL_TANGRAM_NOTICE_FD");
@@ -90,7 +133,8 @@ int main(int argc, char **argv) {
     enum { NUM_NS = 6 };
     int i = 1, ns_fd[NUM_NS];
     char buf[64];
-    if (argc < 8) { errno = EINVAL; die("usage", NULL); }
+    int armed = getenv("ARL_TANGRAM_ARMED") != NULL && notice >= 0;
+    if (argc < (armed ? 5 : 8)) { errno = EINVAL; die("usage", NULL); }
     int n_join = to_int(argv[i++]);
     int len = snprintf(buf, sizeof buf, "%d", (int)getpid());
     for (int k = 0; k < n_join && i < argc; k++, i++) {
@@ -98,18 +142,10 @@ int main(int argc, char **argv) {
         if (fd < 0 || write(fd, buf, len) != len) die("cannot join cgroup", argv[i]);
         close(fd);
     }
-    if (i + 6 > argc) { errno = EINVAL; die("usage", NULL); }
+    if (i + 3 > argc) { errno = EINVAL; die("usage", NULL); }
     const char *init_pid = argv[i++];
     uid_t uid = (uid_t)to_int(argv[i++]);
     gid_t gid = (gid_t)to_int(argv[i++]);
-    const char *cwd = argv[i++];
-    long long timeout_ms = strtoll(argv[i++], NULL, 10);
-    int n_env = to_int(argv[i++]);
-    char **envp = &argv[i];
-    i += n_env;
-    if (i >= argc || strcmp(argv[i], "--") != 0 || i + 1 >= argc) { errno = EINVAL; die("usage", NULL); }
-    argv[i] = NULL; /* terminates envp */
-    char **prog = &argv[i + 1];
     for (int k = 0; k < NUM_NS; k++) {
         char path[96];
         snprintf(path, sizeof path, "/proc/%s/ns/%s", init_pid, ns_names[k]);
@@ -129,6 +165,19 @@ int main(int argc, char **argv) {
     }
     if (setgid(gid) != 0) die("setgid", NULL);
     if (setuid(uid) != 0) die("setuid", NULL);
+    if (armed) { /* the sandbox's user from here on: it waits as one of its processes would */
+        argv = read_args(notice, &argc);
+        i = 0;
+    }
+    if (i + 3 > argc) { errno = EINVAL; die("usage", NULL); }
+    const char *cwd = argv[i++];
+    long long timeout_ms = strtoll(argv[i++], NULL, 10);
+    int n_env = to_int(argv[i++]);
+    char **envp = &argv[i];
+    i += n_env;
+    if (i >= argc || strcmp(argv[i], "--") != 0 || i + 1 >= argc) { errno = EINVAL; die("usage", NULL); }
+    argv[i] = NULL; /* terminates envp */
+    char **prog = &argv[i + 1];
     sigset_t chld, old_mask;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);

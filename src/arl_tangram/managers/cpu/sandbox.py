@@ -17,6 +17,7 @@ import secrets
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from arl_tangram.managers.cpu.cgroup_driver import CPU_QUOTA_MIN_US, INIT_SLOT, CgroupDriver
@@ -114,6 +115,8 @@ class Sandbox:
         self._applied_quota: int | None = None
         self._applied_slots: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._frozen = False
+        self._armed_pids: dict[str, int] = {}  # slot -> its armed launcher (``armed``), not a run's task
+        self.before_destroy: Callable[[Sandbox], None] | None = None  # drops its armed launchers
 
     # -- state machine --------------------------------------------------------------------
     def _move(self, to: SandboxState) -> None:
@@ -213,6 +216,8 @@ class Sandbox:
                 return []
             if self.state is not S.DESTROYING:
                 self._move(S.DESTROYING)
+        if self.before_destroy is not None:
+            self.before_destroy(self)  # armed launchers: their sockets closed, reaped by their owner
         problems: list[str] = []
         left = self._driver.kill_sandbox(self.group)
         if self._driver.version == 0 and self.init_pid > 0:
@@ -269,7 +274,7 @@ class Sandbox:
             self.ensure_usable()
             if millicores == 0 and self.holding is None:
                 raise InvalidRequestError("millicores", "0 is valid only for a sandbox with a holding (hold)", 0)
-            name = slot if slot is not None else self._acquire_slot()
+            name = slot if slot is not None else self._acquire_slot(armed_first=kind == "action")
             s = self._slots[name]
             s.kind, s.running, s.cpus, s.millicores = kind, True, cpus, millicores
             self._apply()
@@ -411,14 +416,16 @@ class Sandbox:
             return (h.cpus, quota_us(h.millicores)) if h.limit else (self._all_cpus, -1)
         return self._all_cpus, CPU_QUOTA_MIN_US
 
-    def _acquire_slot(self) -> str:
+    def _acquire_slot(self, armed_first: bool = True) -> str:
         """A free slot with no task in it (reused), else a new one; kept slots free up once
         their background jobs are gone."""
-        for name in sorted(self._slots):
+        # an action takes an armed slot first; anything else (a session) one without, last
+        names = sorted(self._slots, key=lambda n: ((n in self._armed_pids) != armed_first, n))
+        for name in names:
             s = self._slots[name]
-            if s.kind == "kept" and not self._driver.slot_pids(self.group, name):
+            if s.kind == "kept" and not self._tasks(name):
                 s.kind = "free"
-            if s.kind == "free" and not self._driver.slot_pids(self.group, name):
+            if s.kind == "free" and not self._tasks(name):
                 return name
         name = f"a{len(self._slots)}"
         while name in self._slots:
@@ -426,6 +433,30 @@ class Sandbox:
         self._driver.create_slot(self.group, name)
         self._slots[name] = _Slot()
         return name
+
+    def _tasks(self, slot: str) -> list[int]:
+        """The slot's tasks, its armed launcher left out."""
+        armed = self._armed_pids.get(slot)
+        return [p for p in self._driver.slot_pids(self.group, slot) if p != armed]
+
+    def slot_is_free(self, slot: str) -> bool:
+        """Whether ``slot`` exists, runs nothing and holds no task (the sandbox is live)."""
+        with self.lock:
+            s = self._slots.get(slot)
+            return self.state in _LIVE and s is not None and s.kind == "free" and not s.running and not self._tasks(slot)
+
+    def armed_pids(self) -> set[int]:
+        """The pids of the armed launchers waiting in its slots (not tasks of a run)."""
+        with self.lock:
+            return set(self._armed_pids.values())
+
+    def set_armed_pid(self, slot: str, pid: int | None) -> None:
+        """Record (or forget, None) the armed launcher waiting in ``slot`` (``armed``)."""
+        with self.lock:
+            if pid is None:
+                self._armed_pids.pop(slot, None)
+            else:
+                self._armed_pids[slot] = pid
 
     def remove_slot(self, slot: str) -> None:
         """Forget a slot whose tasks are gone (a closed session's)."""
