@@ -49,7 +49,10 @@ def test_a_freed_slot_gets_an_armed_launcher_and_the_next_run_uses_it(armed_mana
     assert armed_manager.exec(sid, "true").ok
     pid = _armed_pid(armed_manager, sid)
     sb = armed_manager.get_sandbox(sid)
-    assert pid in armed_manager.driver.sandbox_pids(sb.group)  # joined before any run needs it
+    end = time.monotonic() + 5  # it joins on its own, before any run needs it
+    while pid not in armed_manager.driver.sandbox_pids(sb.group) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert pid in armed_manager.driver.sandbox_pids(sb.group)
     # frozen with the idle sandbox (it joined its freezer group last), in none of its namespaces
     assert sb.init_pid > 0 and os.readlink(f"/proc/{pid}/ns/pid") != os.readlink(f"/proc/{sb.init_pid}/ns/pid")
     r = armed_manager.exec(sid, ["sh", "-c", 'read x; echo "$x $FOO $(pwd)"; echo err >&2; exit 3'], stdin="hi\n", env={"FOO": "bar"})
