@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from arl_tangram.managers.cpu.armed import Armed, Armory, armed_args
+from arl_tangram.managers.cpu.armed import Armory
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S, is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
@@ -39,6 +39,7 @@ from arl_tangram.managers.cpu.launch import (
     NOTICE_FD_ENV,
     join_then_exec,
     native_argv,
+    native_run,
     nsenter_argv,
 )
 from arl_tangram.managers.cpu.native_launcher import launcher_path
@@ -108,18 +109,6 @@ def spawn_in_slot(
 
 def _timeout_ms(timeout_s: float | None) -> int:
     return 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
-
-
-def launch_armed(
-    armed: Armed, sandbox: Sandbox, slot: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin_pipe: bool,
-    timeout_s: float | None,
-) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
-    """``spawn_in_slot`` through the slot's armed launcher (already in the slot's cgroups):
-    (its process, the fd its started notice comes on, now the caller's). Raises ``OSError``
-    when the launcher is gone (the caller then launches as usual)."""
-    join = sandbox.slot_join_files(slot)
-    native = native_argv("", join, sandbox.init_pid, sandbox.layout, cwd, env, argv, _timeout_ms(timeout_s))
-    return armed.proc, armed.launch(armed_args(native, len(join)), stdin_pipe)
 
 
 def started_notice() -> tuple[int, int]:
@@ -196,15 +185,17 @@ def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[in
 
 
 def _spawn(sandbox: Sandbox, slot: str, req: ActionRequest, backstop_s: float | None) -> tuple[subprocess.Popen[bytes], int]:
-    """The run's launcher (the slot's armed one when it has one) and its started-notice fd."""
-    armed = req.armory.take(sandbox, slot) if req.armory is not None else None
-    if armed is not None:
-        try:
-            return launch_armed(armed, sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s)
-        except OSError:
-            req.armory.discard(armed)  # type: ignore[union-attr]  # gone meanwhile: launch as usual
-    elif req.armory is not None:
-        req.armory.note_launch()
+    """The run's launcher and its started-notice fd: the slot's armed launcher when it has
+    one (already in the slot's cgroups: it is sent the run's arguments), else a new one."""
+    armory = req.armory
+    if armory is not None:
+        armed = armory.take(sandbox, slot)
+        if armed is not None:
+            try:
+                run = native_run(req.cwd, req.env, req.argv, _timeout_ms(backstop_s))
+                return armed.proc, armed.launch(run, req.stdin is not None)
+            except OSError:
+                armory.discard(armed)  # gone meanwhile: launch as usual
     notice_r, notice_w = started_notice()
     try:
         return spawn_in_slot(sandbox, slot, req.argv, req.env, req.cwd, req.stdin is not None, backstop_s, notice_w), notice_r

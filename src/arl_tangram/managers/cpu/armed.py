@@ -20,7 +20,7 @@ are done between bursts, never adding to a burst's queue on the lock. A run whos
 not armed yet launches as before (joins included), so nothing waits on arming.
 
 Invariants: an armed launcher holds no CPU and only its own few pages; the sandbox knows
-its pid (``Sandbox.armed_pid``), so the slot still counts as empty; a sandbox's armed
+its pid (``Sandbox.armed_pids``), so the slot still counts as empty; a sandbox's armed
 launchers are dropped (socket closed: the launcher exits 0; killed; reaped here) before it
 is destroyed, and all of them when the manager stops.
 """
@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arl_tangram.managers.cpu.launch import HOST_ENV, NOTICE_FD_ENV
+from arl_tangram.managers.cpu.launch import HOST_ENV, NOTICE_FD_ENV, native_head
 from arl_tangram.managers.cpu.sandbox import Sandbox
 
 ARMED_ENV = "ARL_TANGRAM_ARMED"
@@ -56,8 +56,8 @@ class Armed:
     sock: socket.socket
 
     def launch(self, args: Sequence[str], stdin_pipe: bool) -> int:
-        """Send the run's arguments (``native_argv``'s, after the join files); the fd to
-        wait on for the started notice (owned by the caller from now on)."""
+        """Send the run's arguments (``launch.native_run``); the fd to wait on for the
+        started notice (owned by the caller from now on)."""
         data = b"".join(a.encode() + b"\0" for a in args)
         self.sock.sendall(struct.pack("=I", len(data)) + data)
         if not stdin_pipe and self.proc.stdin is not None:
@@ -70,7 +70,7 @@ class Armory:
     """The armed launchers of one CPU manager; thread-safe."""
 
     def __init__(self, launcher: str | None, quiet_s: float = QUIET_S) -> None:
-        self.launcher = launcher
+        self.launcher = launcher  # None: arming is off (the manager's default)
         self.quiet_s = quiet_s
         self._cond = threading.Condition()
         self._wanted: collections.OrderedDict[tuple[str, str], Sandbox] = collections.OrderedDict()
@@ -94,7 +94,8 @@ class Armory:
             self._cond.notify()
 
     def take(self, sandbox: Sandbox, slot: str) -> Armed | None:
-        """The slot's armed launcher, now the caller's to launch (None: not armed)."""
+        """The slot's armed launcher, now the caller's to launch (None: not armed); every
+        launch asks, so it also marks the host busy (no arming for ``quiet_s``)."""
         with self._cond:
             self._last_launch = time.monotonic()
             self._wanted.pop((sandbox.group, slot), None)
@@ -109,19 +110,13 @@ class Armory:
             self._dropped.append(self._disarm(armed))
             self._cond.notify()
 
-    def note_launch(self) -> None:
-        """A launch that joins on its own path: the host is not quiet."""
-        with self._cond:
-            self._last_launch = time.monotonic()
-
     def drop(self, sandbox: Sandbox) -> None:
         """Drop the sandbox's armed launchers and wanted arms (before it is destroyed)."""
-        sandbox_id = sandbox.group
         with self._cond:
-            for key in [k for k in self._wanted if k[0] == sandbox_id]:
-                del self._wanted[key]
-            gone = [self._armed.pop(k) for k in [k for k in self._armed if k[0] == sandbox_id]]
-            self._dropped.extend(self._disarm(a) for a in gone)
+            for key in [k for k in (*self._wanted, *self._armed) if k[0] == sandbox.group]:
+                self._wanted.pop(key, None)
+                if (armed := self._armed.pop(key, None)) is not None:
+                    self._dropped.append(self._disarm(armed))
             self._cond.notify()
 
     def close(self) -> None:
@@ -176,10 +171,9 @@ class Armory:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 env = {**HOST_ENV, NOTICE_FD_ENV: str(theirs.fileno()), ARMED_ENV: "1"}
-                join = sandbox.slot_join_files(slot)
-                who = (str(sandbox.init_pid), str(sandbox.layout.sandbox_uid), str(sandbox.layout.sandbox_gid))
+                head = native_head(self.launcher, sandbox.slot_join_files(slot), sandbox.init_pid, sandbox.layout)
                 proc = subprocess.Popen(
-                    [self.launcher, str(len(join)), *join, *who], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    head, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, env=env, pass_fds=(theirs.fileno(),),
                 )  # fmt: skip
             except BaseException:
@@ -207,9 +201,3 @@ class Armory:
                 left.append(proc)
         with self._cond:
             self._dropped.extend(left)
-
-
-def armed_args(native: Sequence[str], n_join: int) -> list[str]:
-    """The arguments an armed launcher reads: ``native_argv``'s after its join files and
-    the sandbox's init pid, uid and gid (it was started with those)."""
-    return list(native[2 + n_join + 3 :])

@@ -111,8 +111,16 @@ def native_argv(
     """The same as ``join_then_exec(join_files, nsenter_argv(...))`` in one native exec; with
     ``timeout_ms`` > 0 the launcher itself kills the program's process group that long after
     it started (see ``native_launcher``)."""
+    return [*native_head(launcher, join_files, init_pid, layout), *native_run(cwd, env, argv, timeout_ms)]
+
+
+def native_head(launcher: str, join_files: Sequence[str], init_pid: int, layout: SandboxLayout) -> list[str]:
+    """The native launcher's arguments up to the run's own: what to join and whom to become
+    (all an armed launcher is started with, ``armed``)."""
+    return [launcher, str(len(join_files)), *join_files, str(init_pid), str(layout.sandbox_uid), str(layout.sandbox_gid)]
+
+
+def native_run(cwd: str, env: Mapping[str, str], argv: Sequence[str], timeout_ms: int = 0) -> list[str]:
+    """The native launcher's arguments of one run (an armed launcher reads them later)."""
     pairs = [f"{k}={v}" for k, v in sorted(env.items())]
-    return [
-        launcher, str(len(join_files)), *join_files, str(init_pid), str(layout.sandbox_uid),
-        str(layout.sandbox_gid), cwd, str(max(0, timeout_ms)), str(len(pairs)), *pairs, "--", *argv,
-    ]  # fmt: skip
+    return [cwd, str(max(0, timeout_ms)), str(len(pairs)), *pairs, "--", *argv]

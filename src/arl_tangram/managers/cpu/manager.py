@@ -458,7 +458,8 @@ class CpuManager:
                 watchers = (pause,) if pause is not None else ()
                 run_req = ActionRequest(**{
                     **req.__dict__, "env": env_all, "paused_s": pause.paused_s if pause else None, "watchers": watchers,
-                    "on_counting": handle.counting if handle is not None else None, "armory": self.armory,
+                    "on_counting": handle.counting if handle is not None else None,
+                    "armory": self.armory if self.armory.launcher is not None else None,  # off: not asked
                 })  # fmt: skip
                 res = run_action(sb, self.driver, slot, run_req, (seen, g.millicores), cancel)
             finally:
