@@ -136,7 +136,7 @@ def test_malformed_score_and_embed_requests(make_manager: Callable[..., GpuManag
 def test_service_that_never_fits_is_rejected_at_registration(
     make_manager: Callable[..., GpuManager], teacher_folders: list[Path]
 ) -> None:
-    manager = make_manager([1 << 20, 1 << 20])
+    manager = make_manager([2 << 20])  # one CUDA granule; the teacher is 3 MB
     with pytest.raises(NeverFitsError, match="bytes"):
         manager.register_folder("big", teacher_folders[0], "logprobs")
     with pytest.raises(NeverFitsError, match="needs"):
