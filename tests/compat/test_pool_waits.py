@@ -62,9 +62,9 @@ async def test_an_env_handed_to_a_borrower_that_is_cancelled_passes_to_the_next(
     pool = _full_pool()
     bucket = pool._bucket(TENANT, MEM)
     first = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0))
-    await _until(lambda: len(bucket.waiters) == 1)
+    await _until(lambda: len(bucket.lines.waiters) == 1)
     second = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0))
-    await _until(lambda: len(bucket.waiters) == 2)
+    await _until(lambda: len(bucket.lines.waiters) == 2)
     pool._pass_on(bucket, "env-1")  # handed to ``first`` ...
     first.cancel()  # ... whose client goes away before it runs
     with pytest.raises(asyncio.CancelledError):
@@ -79,14 +79,14 @@ async def test_borrowers_timing_out_together_leave_the_bucket_usable() -> None:
     pool = _full_pool()
     bucket = pool._bucket(TENANT, MEM)
     waiting = [asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=0.05)) for _ in range(50)]
-    await _until(lambda: len(bucket.waiters) == 50)
+    await _until(lambda: len(bucket.lines.waiters) == 50)
     for task in waiting[::2]:
         task.cancel()
     results = await asyncio.gather(*waiting, return_exceptions=True)
     assert all(isinstance(r, (Overloaded, asyncio.CancelledError)) for r in results)
-    assert not bucket.waiters
+    assert not bucket.lines.waiters
     nxt = asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=2.0))
-    await _until(lambda: len(bucket.waiters) == 1)
+    await _until(lambda: len(bucket.lines.waiters) == 1)
     pool.release(TENANT, MEM, "env-1")
     assert await asyncio.wait_for(nxt, 3.0) == "env-1"
 
@@ -99,7 +99,7 @@ async def test_envs_given_back_reach_every_waiter_in_one_pass_of_the_loop() -> N
     pool = _full_pool(n)
     bucket = pool._bucket(TENANT, MEM)
     waiting = [asyncio.create_task(pool.acquire(TENANT, MEM, timeout_s=5.0)) for _ in range(n)]
-    await _until(lambda: len(bucket.waiters) == n)
+    await _until(lambda: len(bucket.lines.waiters) == n)
     for i in range(n):
         pool._pass_on(bucket, f"env-{i}")
     await asyncio.sleep(0)
@@ -114,9 +114,9 @@ async def test_a_retry_is_handed_an_env_before_older_first_attempts() -> None:
     pool = _full_pool()
     bucket = pool._bucket(TENANT, MEM)
     first = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0))
-    await _until(lambda: len(bucket.waiters) == 1)
+    await _until(lambda: len(bucket.lines.waiters) == 1)
     retry = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, retry=True))
-    await _until(lambda: len(bucket.retries) == 1)
+    await _until(lambda: len(bucket.lines.retries) == 1)
     pool._pass_on(bucket, "env-1")
     assert await asyncio.wait_for(retry, 3.0) == "env-1"
     assert not first.done()
@@ -137,3 +137,77 @@ def test_the_retry_memory_marks_a_call_answered_504_once() -> None:
     assert not memory.take(key("t", other)) and not memory.take(key("u", body))  # another case, another tenant
     assert memory.take(key("t", body))
     assert not memory.take(key("t", body))  # one priority pass per 504
+
+
+class _Program:
+    """A program's state as the pool asks it (``compat.long_programs`` stands behind it in
+    the face): whether a probe of it is in flight, whether it is known to run long."""
+
+    def __init__(self, probing: bool = False, long: bool = False) -> None:
+        self.probing, self.long = probing, long
+
+
+async def test_a_call_whose_program_is_being_probed_waits_beside_idle_envs_until_the_probe_ends() -> None:
+    """The probe's run shows whether the program is short: its sibling must not take an idle
+    env meanwhile (a looping sibling would hold it for its whole timeout), and must get one,
+    ahead of older waiters, as soon as the probe ends short."""
+    pool = _full_pool(2)
+    bucket = pool._bucket(TENANT, MEM)
+    pool.release(TENANT, MEM, "env-1")  # one env idle
+    await _until(lambda: bucket.idle == ["env-1"])
+    program = _Program(probing=True)
+    sibling = asyncio.ensure_future(
+        pool.acquire(TENANT, MEM, 5.0, long=lambda: program.long, probing=lambda: program.probing)
+    )
+    await _until(lambda: len(bucket.lines.probing) == 1)
+    await asyncio.sleep(0.05)
+    assert not sibling.done() and bucket.idle == ["env-1"]
+    program.probing = False  # the probe ended short
+    pool.recheck_probing()
+    assert await asyncio.wait_for(sibling, 1.0) == "env-1"
+
+
+async def test_a_call_whose_program_ran_long_waits_behind_the_others_until_it_is_due() -> None:
+    """A program seen long (its probe was demoted): its sibling is served after every call
+    not known to be long, except once its own start-by time is near (aging)."""
+    pool = _full_pool()
+    bucket = pool._bucket(TENANT, MEM)
+    looping = _Program(long=True)
+    held = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, long=lambda: looping.long))
+    await _until(lambda: len(bucket.lines.waiters) == 1)
+    short = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, long=lambda: False))
+    await _until(lambda: len(bucket.lines.waiters) == 2)
+    pool._pass_on(bucket, "env-1")
+    assert await asyncio.wait_for(short, 1.0) == "env-1"
+    assert not held.done() and len(bucket.lines.held) == 1
+    late = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0))
+    await _until(lambda: len(bucket.lines.waiters) == 1)
+    bucket.lines.held[0].due = 0.0  # its start-by time has come near
+    pool._pass_on(bucket, "env-2")
+    assert await asyncio.wait_for(held, 1.0) == "env-2"
+    pool._pass_on(bucket, "env-3")
+    assert await asyncio.wait_for(late, 1.0) == "env-3"
+
+
+def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
+    from types import SimpleNamespace
+
+    from arl_tangram.api.compat.long_programs import LongPrograms, key
+
+    programs, changes = LongPrograms(), []
+    programs.on_change = lambda: changes.append(1)
+    body = SimpleNamespace(language="python", code="while True: pass\n")
+    program = key("t", body)
+    assert key("u", body) != program and key("t", SimpleNamespace(language="python", code="pass\n")) != program
+    probe = programs.start(program)
+    assert programs.is_probing(program) and not programs.is_long(program)
+    record = SimpleNamespace(on_demoted=[])
+    probe.watch(record)  # type: ignore[arg-type]
+    for callback in record.on_demoted:  # what ``ActionRecord.note_demoted`` does
+        callback()
+    assert programs.is_long(program) and not programs.is_probing(program) and changes == [1]
+    probe.end()
+    assert changes == [1]  # idempotent
+    short = key("t", SimpleNamespace(language="python", code="print(1)\n"))
+    programs.start(short).end()
+    assert not programs.is_probing(short) and not programs.is_long(short) and changes == [1, 1]

@@ -57,3 +57,29 @@ def test_every_verdict_is_right_at_64_concurrent_calls_with_looping_programs(ser
     outcomes = run_mix(f"{server.url}/run_code")
     wrong = [(want, got) for want, got in outcomes if got != [want] * len(CASES["inputs"])]
     assert not wrong, f"{len(wrong)} of {CALLS} calls got wrong verdicts (-1: verl's client timed out): {wrong[:6]}"
+
+
+def test_a_looping_programs_demoted_probe_marks_it_long_before_it_times_out(server: ServerThread) -> None:
+    """The core demotes a looping run while other runs wait (the CPU manager's handle tells
+    the action's record): the face's program history knows the program as long within its
+    3-s timeout, so its other test cases wait behind short programs in the pool
+    (``compat.long_programs``, ``pool_lines``). A short program is never marked."""
+    import time
+    from types import SimpleNamespace
+
+    from arl_tangram.api.compat.long_programs import key
+
+    looping = "while True:\n    pass\n# probed\n"
+    short = "print(int(input().split()[0]) + 1)\n# probed\n"
+    programs = server.app.state.compat.long_programs
+    sent = {code: SimpleNamespace(language="python", code=code + "\n\n") for code in (looping, short)}  # verl appends a case's asserts
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        started = time.monotonic()
+        futures = [pool.submit(check_correctness, f"{server.url}/run_code", CASES, code, 3) for code in [looping, short] * 4]
+        while not programs.is_long(key("default", sent[looping])) and time.monotonic() - started < 2.5:
+            time.sleep(0.01)
+        marked_s = time.monotonic() - started
+        verdicts = [f.result()[0] for f in futures]
+    assert verdicts[0::2] == [[-3] * 3] * 4
+    assert marked_s < 2.5, "the looping program was not known long before its runs timed out: no demotion reached the face"
+    assert not programs.is_long(key("default", sent[short]))

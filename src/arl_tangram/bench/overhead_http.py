@@ -16,6 +16,7 @@ on the same machine, so its cost is part of every figure.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -24,31 +25,44 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 NOOP_BODY = b'{"type":"noop"}'
 _URL = re.compile(r"listening on (http://[^\s]+)")
+STDERR_TAIL = 200  # lines of the server's stderr kept for an early exit's error
 
 
 @contextlib.contextmanager
 def server_process(start_timeout_s: float = 60.0, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
-    """``arl-tangram serve --port 0 [extra_args]`` in a subprocess; yields its URL, SIGTERM on exit."""
+    """``arl-tangram serve --port 0 [extra_args]`` in a subprocess; yields its URL, SIGTERM on exit.
+
+    Its stdout and stderr are read to the end on threads of their own: a pipe nobody reads
+    fills (64 KiB) and then blocks the server's next log line, and with it its event loop,
+    in the middle of the load being measured. The last ``STDERR_TAIL`` lines of stderr are
+    kept for the error when the server exits early."""
     argv = [sys.executable, "-m", "arl_tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra_args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+    readers = [threading.Thread(target=tail.extend, args=(proc.stderr,), daemon=True)]
     try:
-        assert proc.stdout is not None
+        readers[0].start()
         deadline = time.monotonic() + start_timeout_s
         url = None
         while url is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line and proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {proc.stderr.read() if proc.stderr else ''}")
+                readers[0].join(5.0)
+                raise RuntimeError(f"the server exited: {''.join(tail)}")
             if m := _URL.search(line):
                 url = m.group(1)
         if url is None:
             raise RuntimeError("the server did not say where it listens in time")
+        readers.append(threading.Thread(target=_drain, args=(proc.stdout,), daemon=True))
+        readers[1].start()
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -57,6 +71,14 @@ def server_process(start_timeout_s: float = 60.0, extra_args: tuple[str, ...] = 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        for reader in readers:
+            reader.join(5.0)
+
+
+def _drain(stream: Any) -> None:
+    """Read ``stream`` to its end, dropping what it says."""
+    for _line in stream:
+        pass
 
 
 class RawConnection:

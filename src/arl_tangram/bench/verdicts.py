@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ RAISING = ("raise SystemExit('boom')\n", -2)
 LOOPING = ("while True:\n    pass\n", -3)
 MIXES = {"quarter": (CORRECT, WRONG, RAISING, LOOPING), "half-loop": (CORRECT, LOOPING, WRONG, LOOPING, RAISING, LOOPING)}
 TIMEOUT_S = 3  # issue 26's setting (verl's default is 10)
+_BATCHES = itertools.count()  # numbers the batches of calls (``run_calls``)
 QUANTUM_S = 0.1  # assumption: the cap of a first quantum, ~2x a short python program on this host (0.03-0.06 s of CPU)
 
 
@@ -57,8 +59,13 @@ def run_calls(url: str, n: int, mix: str) -> dict[str, Any]:
         verdicts = check_correctness(url, CASES, code, TIMEOUT_S)[0]
         return verdicts, time.monotonic() - t0
 
+    # each call's program is a text of its own, in every run and round, as distinct
+    # generations are: a server may learn from a program's runs (its test cases are one
+    # call's runs), never from another call's or an earlier round's
+    batch = next(_BATCHES)
+    texts = [f"{code}# generation {batch}-{i}\n" for i, (code, _) in enumerate(jobs)]
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(call, [code for code, _ in jobs]))
+        results = list(pool.map(call, texts))
     right = sum(1 for (_, want), (got, _) in zip(jobs, results, strict=True) if got == [want] * len(CASES["inputs"]))
     timeouts = sum(1 for got, _ in results if -1 in got)
     short = sorted(s for (_, want), (_, s) in zip(jobs, results, strict=True) if want != -3)

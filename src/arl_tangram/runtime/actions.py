@@ -199,6 +199,11 @@ class ActionRecord:
     # reported to the core right after the action's ``ActionFinished``
     footprint_bytes: int | None = None
     ended_s: float | None = None  # controller clock when the result was recorded
+    # when (time.monotonic) its CPU manager demoted it (``core.preemption``: it ran past its
+    # quantum while other work waited, and ``managers.cpu.preempt``: it has computed), None
+    # while it was not; ``on_demoted`` callbacks run then (event-loop thread: ``note_demoted``)
+    demoted_s: float | None = None
+    on_demoted: list[Callable[[], None]] = field(default_factory=list)
     # Output as it is produced (exec actions): (stream, text) chunks, at most
     # LIVE_OUTPUT_BYTES in all, and an event set on each new chunk (and then replaced by a
     # fresh one, so any number of readers wait without clearing it for the others); event-
@@ -206,6 +211,16 @@ class ActionRecord:
     live_output: list[tuple[str, str]] = field(default_factory=list)
     live_output_bytes: int = 0
     live_output_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def note_demoted(self, at_s: float) -> None:
+        """The run was demoted at ``at_s`` (event-loop thread): stamp it, tell the watchers
+        (once; a run that already ended tells nobody)."""
+        if self.demoted_s is not None or self.result is not None:
+            return
+        self.demoted_s = at_s
+        callbacks, self.on_demoted = self.on_demoted, []
+        for callback in callbacks:
+            callback()
 
     def add_output(self, stream: str, chunk: bytes) -> None:
         """Keep a chunk for streaming readers (event-loop thread; see ``live_output``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -233,7 +234,8 @@ class LiveExecutor(Executor):
             return
         self.cancels[d.action_id] = CancelFlag()  # wakes its pump when set (no polling)
         if isinstance(record.payload, ExecPayload):
-            self.handles[d.action_id] = RunHandle()
+            on_demoted = functools.partial(_note_demoted, asyncio.get_running_loop(), record)
+            self.handles[d.action_id] = RunHandle(on_demoted=on_demoted)
         self.running_tasks[d.action_id] = self._spawn(self._run(record, d), f"action:{d.action_id}")
 
     async def _run(self, record: ActionRecord, d: StartAction) -> None:
@@ -372,6 +374,13 @@ class LiveExecutor(Executor):
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.control_pool.shutdown(wait=True, cancel_futures=True)
 
+
+
+def _note_demoted(loop: asyncio.AbstractEventLoop, record: ActionRecord, at_s: float) -> None:
+    """The run was demoted at ``at_s``: its handle's callback, on whichever thread demoted
+    it; the record learns it on the event loop (``ActionRecord.note_demoted``)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+        loop.call_soon_threadsafe(record.note_demoted, at_s)
 
 
 async def _awaited(fut: asyncio.Future[Any]) -> Any:

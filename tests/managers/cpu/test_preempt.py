@@ -27,7 +27,8 @@ def _shares(manager: CpuManager, sandbox_id: str) -> int:
 def test_a_demoted_action_runs_on_unchanged_and_its_weight_comes_back(manager: CpuManager, sandbox: str) -> None:
     if manager.driver.version != 1:
         pytest.skip("reads cgroup v1 cpu.shares")
-    handle = RunHandle()
+    told: list[float] = []  # the handle's watcher (the dispatcher: the action's record)
+    handle = RunHandle(on_demoted=told.append)
     out: dict[str, object] = {}
     runner = threading.Thread(target=lambda: out.update(r=manager.exec(sandbox, PROGRAM, timeout_s=20, handle=handle)))
     runner.start()
@@ -35,6 +36,7 @@ def test_a_demoted_action_runs_on_unchanged_and_its_weight_comes_back(manager: C
     while not handle.demote() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert handle.demoted
+    assert len(told) == 1 and told[0] <= time.monotonic()  # told once, when it happened
     assert _shares(manager, sandbox) == DEMOTED_SHARES  # the floor weight while it runs
     runner.join(30)
     r = out["r"]

@@ -10,28 +10,30 @@ scheduled action. At most
 ``max_envs`` envs of one (tenant, size) exist at once; a borrower beyond that waits for a
 free one, in line (a returned env is handed to the oldest waiter; no lock: the pool runs on
 one event loop), bounded by ``acquire_timeout_s`` (then ``Overloaded``, which the faces
-answer as retryable). An env
+answer as retryable). Retries go first; a borrower whose program is known to run long, or
+is being probed by another call, is held back (``pool_lines``, ``compat.long_programs``).
+An env
 that failed its reset, or whose lease the runtime reclaimed, is dropped, never reused.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from arl_tangram.api.compat.pool_lines import HOLD_MARGIN_S, Lines, Turn
 from arl_tangram.api.state import ApiState, Overloaded, new_id
 from arl_tangram.client.client import ONE_CORE
 from arl_tangram.core.action import ActionSpec, Binding, EnvSpec
 from arl_tangram.core.elasticity import NonElastic
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.resources import ResourceKind
-from arl_tangram.runtime.actions import ActionResult, ExecPayload, read_result
+from arl_tangram.runtime.actions import ActionRecord, ActionResult, ExecPayload, read_result
 
 #: the writable places a reset empties (``CpuManager.empty_dirs``, from the host side): a
 #: sandbox that cannot be emptied (a directory the run made unwritable...) is retired (the
@@ -61,10 +63,11 @@ class ActionCancelled(asyncio.CancelledError):
 
 async def run_env_action(
     state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload, deadline_s: float | None = None,
-    *, settle: bool = False,
+    *, settle: bool = False, watch: Callable[[ActionRecord], None] | None = None,
 ) -> ActionResult:  # fmt: skip
     """Submit one single-core action on the env (internal id) and await its one result
-    (``deadline_s``: the caller's, ``ActionSpec.deadline_s``).
+    (``deadline_s``: the caller's, ``ActionSpec.deadline_s``; ``watch`` is given the
+    action's record once it is submitted).
     ``Overloaded`` (or the runtime's limit errors) propagate with nothing queued. The
     result is acknowledged here: the caller holds the only copy it needs. A caller
     cancelled meanwhile cancels the action; with ``settle`` it then waits (up to
@@ -75,6 +78,8 @@ async def run_env_action(
         timeout_s=payload.timeout_s, deadline_s=deadline_s,
     )  # fmt: skip
     record = state.submit(spec, payload, None)
+    if watch is not None:
+        watch(record)
     try:
         return await read_result(record)  # held outputs (Ray) fetched for this read
     except asyncio.CancelledError:
@@ -97,12 +102,10 @@ async def _ended(done: asyncio.Future[Any]) -> bool:
 @dataclass
 class _Bucket:
     """The envs of one (tenant, mem_bytes, image): ``idle`` ready to borrow, ``live`` counting all
-    (idle, borrowed, resetting, being created); ``waiters``: the borrowers waiting, oldest
-    first, each a future that gets an env handed to it (or None: look again); ``retries``:
-    the same for borrowers retrying a call answered 504 (``compat.retries``), served first."""
+    (idle, borrowed, resetting, being created); ``lines``: the borrowers waiting
+    (``pool_lines``)."""
 
-    waiters: collections.deque[asyncio.Future[str | None]] = field(default_factory=collections.deque)
-    retries: collections.deque[asyncio.Future[str | None]] = field(default_factory=collections.deque)
+    lines: Lines = field(default_factory=Lines)
     idle: list[str] = field(default_factory=list)
     live: int = 0
     used_s: float = 0.0  # last borrow or return, for evicting the least recently used idle env
@@ -138,11 +141,14 @@ class CodeEnvPool:
         return self.buckets[key]
 
     async def acquire(
-        self, tenant: str, mem_bytes: int, timeout_s: float | None = None, *, image: str = "host", retry: bool = False
-    ) -> str:
+        self, tenant: str, mem_bytes: int, timeout_s: float | None = None, *, image: str = "host", retry: bool = False,
+        long: Callable[[], bool] | None = None, probing: Callable[[], bool] | None = None,
+    ) -> str:  # fmt: skip
         """An env (internal id) on ``image`` (the host root by default: a SandboxFusion
         language may name its own image) for the caller alone until ``release``; a ``retry``
-        (of a call answered 504) waits in the retry line, served before the others. Raises ``Overloaded``
+        (of a call answered 504) waits in the retry line, served before the others; a
+        borrower whose ``long()`` or ``probing()`` is true is held back (``pool_lines``;
+        a probing one even while envs are idle). Raises ``Overloaded``
         when none frees within ``acquire_timeout_s`` (or ``timeout_s``, when shorter: the
         caller's deadline); ``EnvFailedError`` if a new one fails."""
         if self.closed:
@@ -150,17 +156,26 @@ class CodeEnvPool:
         bucket = self._bucket(tenant, mem_bytes, image)
         wait_s = self.acquire_timeout_s if timeout_s is None else min(self.acquire_timeout_s, max(0.0, timeout_s))
         deadline = time.monotonic() + wait_s
+        handed: str | None = None
         while True:
+            if handed is None and not retry and probing is not None and time.monotonic() < deadline - HOLD_MARGIN_S and probing():
+                # another call of its program probes it: wait for that, even beside idle envs
+                handed = await self._wait_turn(bucket, deadline, retry, long, probing)
+                if handed is not None:
+                    bucket.idle.append(handed)  # taken (and its lease checked) below
+                elif self.state.closing:
+                    raise Overloaded("the service is shutting down", 5.0)
+                continue
             env_id = self._take_idle(bucket)
             if env_id is not None:
                 return env_id
-            if bucket.live < self.max_envs:
+            if self._room(bucket) > 0:
                 fits = self._make_room(bucket, mem_bytes)
                 if fits or bucket.live == 0:  # with none of its own, it cannot wait on itself
                     bucket.live += 1
                     starved = not fits
                     break
-            handed = await self._wait_turn(bucket, deadline - time.monotonic(), retry)
+            handed = await self._wait_turn(bucket, deadline, retry, long, probing)
             if handed is not None:
                 bucket.idle.append(handed)  # taken (and its lease checked) at the top
             elif self.state.closing:
@@ -178,6 +193,10 @@ class CodeEnvPool:
             self.creating.pop(env_id, None)
             self.starved.discard(env_id)
 
+    def _room(self, bucket: _Bucket) -> int:
+        """How many more envs the bucket may create (``max_envs`` in all)."""
+        return max(0, self.max_envs - bucket.live)
+
     def _take_idle(self, bucket: _Bucket) -> str | None:
         """An idle env whose lease is still live (renewed), or None; dead ones are dropped."""
         while bucket.idle:
@@ -189,43 +208,54 @@ class CodeEnvPool:
             bucket.live -= 1
         return None
 
-    async def _wait_turn(self, bucket: _Bucket, left_s: float, retry: bool = False) -> str | None:
-        """Wait, in line, for an env handed over (returned) or a wakeup (None: room may have
-        freed, or the service is stopping); ``Overloaded`` when ``left_s`` runs out.
+    async def _wait_turn(
+        self, bucket: _Bucket, deadline: float, retry: bool = False, long: Callable[[], bool] | None = None,
+        probing: Callable[[], bool] | None = None,
+    ) -> str | None:  # fmt: skip
+        """Wait, in line (``pool_lines``), for an env handed over (returned) or a wakeup
+        (None: room may have freed, or the service is stopping); ``Overloaded`` at
+        ``deadline`` (monotonic).
 
         No lock: the pool runs on one event loop, and a returned env is handed straight to
-        the oldest waiter's future, so hundreds of waiters are served in one pass of the
+        the next turn's future, so hundreds of waiters are served in one pass of the
         loop. (A condition's lock made each wakeup a handoff of one loop iteration: 433
         borrowers queued on it beside 96 idle envs while the loop, short of the interpreter
         lock, ran a few iterations a second, issue 26.) What a borrower that timed out or was
         cancelled had been handed passes to the next."""
-        turn: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        line = bucket.retries if retry else bucket.waiters
-        line.append(turn)
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        turn = Turn(future, *((None, None) if retry else (long, probing)), due=deadline - HOLD_MARGIN_S)
+        bucket.lines.add(turn, retry)
         try:
-            async with asyncio.timeout(max(left_s, 0.0)):
-                return await turn
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                return await future
         except BaseException as exc:
-            if turn in line:
-                line.remove(turn)
-            elif turn.done() and not turn.cancelled():
-                self._pass_on(bucket, turn.result())
+            if not bucket.lines.remove(turn) and future.done() and not future.cancelled():
+                self._pass_on(bucket, future.result())
             if isinstance(exc, TimeoutError):
                 raise Overloaded(f"all {bucket.live} code sandboxes of this tenant and size stayed busy", 1.0) from None
             raise
 
     def _pass_on(self, bucket: _Bucket, env_id: str | None) -> None:
-        """Hand ``env_id`` to the oldest retry, else the oldest waiter (idle when none
-        waits); None wakes one."""
-        for line in (bucket.retries, bucket.waiters):
-            while line:
-                turn = line.popleft()
-                if not turn.done():
-                    turn.set_result(env_id)
-                    return
+        """Hand ``env_id`` to the next turn (``Lines.next_turn``), idle when none may be
+        served; None wakes one."""
+        turn = bucket.lines.next_turn()
+        if turn is not None:
+            turn.future.set_result(env_id)
+            return
         if env_id is not None:
             bucket.idle.append(env_id)
             bucket.used_s = time.monotonic()
+
+    def recheck_probing(self) -> None:
+        """A probe ended (``compat.long_programs``): borrowers that waited for it go back to
+        the front of their line, and as many as there are idle envs or room look again."""
+        for bucket in self.buckets.values():
+            moved = bucket.lines.recheck() if bucket.lines.probing else 0
+            for _ in range(min(moved, len(bucket.idle))):
+                self._pass_on(bucket, bucket.idle.pop())  # its lease is checked by the taker
+                moved -= 1
+            for _ in range(min(moved, self._room(bucket))):
+                self._pass_on(bucket, None)
 
     def _make_room(self, bucket: _Bucket, mem_bytes: int) -> bool:
         """Whether the nodes hold ``mem_bytes`` more, after evicting other buckets' idle envs.
@@ -313,7 +343,7 @@ class CodeEnvPool:
 
     async def _wake_all(self) -> None:
         for bucket in list(self.buckets.values()):
-            while bucket.retries or bucket.waiters:
+            while bucket.lines:
                 self._pass_on(bucket, None)
 
     async def aclose(self) -> None:

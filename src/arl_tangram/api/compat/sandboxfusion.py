@@ -43,6 +43,7 @@ import base64
 import binascii
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -50,7 +51,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from arl_tangram.api.client_gone import wait_unless_gone
-from arl_tangram.api.compat import retries
+from arl_tangram.api.compat import long_programs, retries
 from arl_tangram.api.compat.languages import resolve
 from arl_tangram.api.compat.pool import ActionCancelled, env_cpu, run_env_action
 from arl_tangram.api.compat.tenancy import CompatState, Unauthorized, compat_state, tenant_for
@@ -58,7 +59,7 @@ from arl_tangram.api.json_body import JsonBodyRoute
 from arl_tangram.api.state import Overloaded
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.preemption import DEADLINE_PREFIX
-from arl_tangram.runtime.actions import ActionResult, ExecPayload
+from arl_tangram.runtime.actions import ActionRecord, ActionResult, ExecPayload
 from arl_tangram.runtime.controller import EnvFailedError
 
 MAX_TIMEOUT_S = 3600.0
@@ -185,10 +186,15 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
     files = decode_files(body.files)
     mem_bytes = mem_bytes_of(compat, body.memory_limit_MB)
     end = deadline_end(body, time.monotonic())
+    program, programs = long_programs.key(tenant, body), compat.long_programs
     try:
-        env_id = await compat.pool.acquire(tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=retry)
+        env_id = await compat.pool.acquire(
+            tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=retry,
+            long=lambda: programs.is_long(program), probing=lambda: programs.is_probing(program),
+        )  # fmt: skip
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
+    probe = programs.start(program)
     reusable = False
     # an image's WorkingDir may be anywhere; runs there use the workspace the pool resets
     cwd = None if image == "host" else WORKSPACE
@@ -199,7 +205,8 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
             r = await _run_step(compat, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout, cwd), end - body.run_timeout)
             compiled = command_result(r)
         if compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0):
-            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout, cwd), end)
+            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout, cwd), end, probe.watch)
+            probe.end(long=r.outcome == "timed_out")
             run = command_result(r)
         status, message = overall_status(compiled, run)
         fetched = await fetch(compat, env_id, body.fetch_files, cwd) if body.fetch_files else {}
@@ -221,6 +228,7 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
         reusable = True
         raise
     finally:
+        probe.end()
         compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable, image=image)
 
 
@@ -244,13 +252,17 @@ def answer_by(body: RunCodeRequest) -> float:
     return body.compile_timeout + body.run_timeout + VERL_CLIENT_MARGIN_S - ANSWER_BY_MARGIN_S
 
 
-async def _run_step(compat: CompatState, tenant: str, env_id: str, kind: str, step: ExecPayload, end: float) -> ActionResult:
+async def _run_step(
+    compat: CompatState, tenant: str, env_id: str, kind: str, step: ExecPayload, end: float,
+    watch: Callable[[ActionRecord], None] | None = None,
+) -> ActionResult:  # fmt: skip
     """One step, which must have ended by ``end`` (monotonic); one that cannot start in time
-    raises ``Overloaded`` (-> 504, which verl retries) instead of running into verl's timeout."""
+    raises ``Overloaded`` (-> 504, which verl retries) instead of running into verl's timeout.
+    ``watch``: given the step's action record (``compat.long_programs``)."""
     deadline_s = end - time.monotonic()
     if deadline_s <= step.timeout_s:
         raise Overloaded(f"{DEADLINE_PREFIX} no time left to run this step before the client's timeout", 1.0)
-    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s, settle=True)
+    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s, settle=True, watch=watch)
     if r.outcome == "rejected" and (r.cause or "").startswith(DEADLINE_PREFIX):
         raise Overloaded(r.cause or DEADLINE_PREFIX, 1.0)
     return r

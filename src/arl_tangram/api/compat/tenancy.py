@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import Request
 
+from arl_tangram.api.compat.long_programs import LongPrograms
 from arl_tangram.api.compat.pool import CodeEnvPool
 from arl_tangram.api.compat.retries import RetryMemory
 from arl_tangram.api.state import DEFAULT_TENANT, ApiState
@@ -45,6 +46,10 @@ class CompatState:
     pool: CodeEnvPool
     swerex_envs: dict[str, Any] = field(default_factory=dict)  # internal env id -> its SWE-ReX state
     retries: RetryMemory = field(default_factory=RetryMemory)  # SandboxFusion calls answered 504 lately
+    long_programs: LongPrograms = field(default_factory=LongPrograms)  # SandboxFusion programs' probes
+
+    def __post_init__(self) -> None:
+        self.long_programs.on_change = self.pool.recheck_probing  # a probe's end lets its siblings go
 
     async def aclose(self) -> None:
         """Release the pool's envs; SWE-ReX's envs belong to whoever created them."""

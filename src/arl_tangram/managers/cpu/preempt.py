@@ -55,7 +55,10 @@ def final_window_s(timeout_s: float) -> float:
 class RunHandle:
     """Thread-safe: ``attach``/``detach`` from the exec's thread, ``demote`` from anywhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_demoted: Callable[[float], None] | None = None) -> None:
+        """``on_demoted(at)`` is called once the run is demoted (``at``: time.monotonic),
+        on whichever thread demoted it, under the handle's lock: it must be quick."""
+        self._on_demoted = on_demoted
         self._lock = threading.Lock()
         self._at: tuple[Sandbox, str] | None = None
         self._limit_at = 0.0  # monotonic: when the run's timeout ends
@@ -110,6 +113,8 @@ class RunHandle:
         if self.demoted:
             self._demoted_at = time.monotonic()
             self._arm(AGING_S, self._age)
+            if self._on_demoted is not None:
+                self._on_demoted(self._demoted_at)
 
     def _arm(self, after_s: float, fn: Callable[[], None]) -> None:
         if self._timer is not None:
