@@ -10,6 +10,7 @@ the pool's waiting, not the sandboxes (``test_sandboxfusion`` runs those for rea
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -189,7 +190,7 @@ async def test_a_call_whose_program_ran_long_waits_behind_the_others_until_it_is
     assert await asyncio.wait_for(late, 1.0) == "env-3"
 
 
-def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
+async def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
     from types import SimpleNamespace
 
     from arl_tangram.api.compat.long_programs import LongPrograms, key
@@ -201,7 +202,7 @@ def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
     assert key("u", body) != program and key("t", SimpleNamespace(language="python", code="pass\n")) != program
     probe = programs.start(program)
     assert programs.is_probing(program) and not programs.is_long(program)
-    record = SimpleNamespace(on_demoted=[])
+    record = SimpleNamespace(on_demoted=[], started_s=None)
     probe.watch(record)  # type: ignore[arg-type]
     for callback in record.on_demoted:  # what ``ActionRecord.note_demoted`` does
         callback()
@@ -211,3 +212,24 @@ def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
     short = key("t", SimpleNamespace(language="python", code="print(1)\n"))
     programs.start(short).end()
     assert not programs.is_probing(short) and not programs.is_long(short) and changes == [1, 1]
+
+
+async def test_a_probe_whose_run_goes_on_without_computing_stops_holding_its_siblings() -> None:
+    """A slow program that does not compute (a sleep) is never demoted: once its probe's run
+    has run ``PROBE_WINDOW_S`` it decides nothing, and its siblings must not wait for its end."""
+    from types import SimpleNamespace
+
+    from arl_tangram.api.compat import long_programs
+
+    programs = long_programs.LongPrograms()
+    program = long_programs.key("t", SimpleNamespace(language="bash", code="sleep 30\n"))
+    probe = programs.start(program)
+    record = SimpleNamespace(on_demoted=[], started_s=None)
+    probe.watch(record)  # type: ignore[arg-type]
+    assert programs.is_probing(program)  # queued: it will tell
+    record.started_s = time.monotonic()
+    assert programs.is_probing(program)  # running: it may still tell
+    record.started_s = time.monotonic() - long_programs.PROBE_WINDOW_S
+    assert not programs.is_probing(program) and not programs.is_long(program)
+    probe.end()
+    assert programs.out == 0

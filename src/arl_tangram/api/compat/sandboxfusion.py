@@ -190,7 +190,8 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
     try:
         env_id = await compat.pool.acquire(
             tenant, mem_bytes, end - time.monotonic() - body.run_timeout, image=image, retry=retry,
-            long=lambda: programs.is_long(program), probing=lambda: programs.is_probing(program),
+            long=lambda: programs.is_long(program),
+            probing=(lambda: programs.is_probing(program)) if _preempting(compat) else None,
         )  # fmt: skip
     except EnvFailedError as exc:
         return _sandbox_error(str(exc))
@@ -230,6 +231,12 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
     finally:
         probe.end()
         compat.pool.release(tenant, mem_bytes, env_id, reusable=reusable, image=image)
+
+
+def _preempting(compat: CompatState) -> bool:
+    """Whether the core demotes long runs (``preempt_quantum_s`` set): only then can a
+    program's probe tell that it is long before it times out (``compat.long_programs``)."""
+    return getattr(compat.api.controller.scheduler.policy, "preempt_quantum_s", None) is not None
 
 
 def _in_workspace(path: str, cwd: str | None) -> str:
