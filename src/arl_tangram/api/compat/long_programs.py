@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from arl_tangram.api.compat.retries import fingerprint
 from arl_tangram.runtime.actions import ActionRecord
 
 TTL_S = 60.0  # assumption: a training step's calls of one generation arrive within a minute
@@ -55,12 +55,7 @@ TICK_S = 0.1  # how often probes in flight are looked at for an expired window
 
 def key(tenant: str, body: Any) -> bytes:
     """A program's fingerprint (``body``: a ``RunCodeRequest``)."""
-    h = hashlib.blake2b(digest_size=16, person=b"long-programs")
-    for part in (tenant, body.language, body.code):
-        data = part.encode("utf-8", "surrogatepass")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.digest()
+    return fingerprint(tenant, body.language, body.code)
 
 
 @dataclass

@@ -158,23 +158,22 @@ class CodeEnvPool:
         deadline = time.monotonic() + wait_s
         handed: str | None = None
         while True:
-            if handed is None and not retry and probing is not None and time.monotonic() < deadline - HOLD_MARGIN_S and probing():
-                # another call of its program probes it: wait for that, even beside idle envs
-                handed = await self._wait_turn(bucket, deadline, retry, long, probing)
-                if handed is not None:
-                    bucket.idle.append(handed)  # taken (and its lease checked) below
-                elif self.state.closing:
-                    raise Overloaded("the service is shutting down", 5.0)
-                continue
-            env_id = self._take_idle(bucket)
-            if env_id is not None:
-                return env_id
-            if self._room(bucket) > 0:
-                fits = self._make_room(bucket, mem_bytes)
-                if fits or bucket.live == 0:  # with none of its own, it cannot wait on itself
-                    bucket.live += 1
-                    starved = not fits
-                    break
+            # another call of its program probes it: it waits for that, even beside idle
+            # envs (until it is handed one, or its turn is due)
+            held_back = (
+                handed is None and not retry and probing is not None
+                and time.monotonic() < deadline - HOLD_MARGIN_S and probing()
+            )  # fmt: skip
+            if not held_back:
+                env_id = self._take_idle(bucket)
+                if env_id is not None:
+                    return env_id
+                if self._room(bucket) > 0:
+                    fits = self._make_room(bucket, mem_bytes)
+                    if fits or bucket.live == 0:  # with none of its own, it cannot wait on itself
+                        bucket.live += 1
+                        starved = not fits
+                        break
             handed = await self._wait_turn(bucket, deadline, retry, long, probing)
             if handed is not None:
                 bucket.idle.append(handed)  # taken (and its lease checked) at the top

@@ -28,8 +28,14 @@ MAX_KEYS = 100_000
 
 def key(tenant: str, body: Any) -> bytes:
     """A call's fingerprint (``body``: a ``RunCodeRequest``)."""
+    return fingerprint(tenant, body.language, body.code, body.stdin or "", repr((body.compile_timeout, body.run_timeout, body.memory_limit_MB)))
+
+
+def fingerprint(*parts: str) -> bytes:
+    """16 bytes that tell ``parts`` apart (each length-prefixed, so no two splits of the
+    same text collide); also the program key of ``compat.long_programs``."""
     h = hashlib.blake2b(digest_size=16)
-    for part in (tenant, body.language, body.code, body.stdin or "", repr((body.compile_timeout, body.run_timeout, body.memory_limit_MB))):
+    for part in parts:
         data = part.encode("utf-8", "surrogatepass")
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
