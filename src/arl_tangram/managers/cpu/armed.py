@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
+import select
 import socket
 import struct
 import subprocess
@@ -44,6 +46,9 @@ from arl_tangram.managers.cpu.sandbox import Sandbox
 ARMED_ENV = "ARL_TANGRAM_ARMED"
 QUIET_S = 0.3  # assumption: a burst's launches come closer together than this
 REAP_S = 0.5  # how often dropped launchers are looked at until reaped
+#: how long ``Armed.launch`` looks for the launcher's answer (its fork's byte, or EOF when it
+#: is gone) before leaving the wait to the run's pump
+FORK_LOOK_S = 0.5
 log = logging.getLogger(__name__)
 
 
@@ -57,9 +62,16 @@ class Armed:
 
     def launch(self, args: Sequence[str], stdin_pipe: bool) -> int:
         """Send the run's arguments (``launch.native_run``); the fd to wait on for the
-        started notice (owned by the caller from now on)."""
+        started notice (owned by the caller from now on). ``OSError`` when the launcher is
+        gone, also when it was killed while its sandbox was frozen: it then lives on until
+        the run's grant thaws the sandbox, takes the arguments and dies without forking,
+        which the socket's EOF (looked for up to ``FORK_LOOK_S``, without reading the
+        fork's byte) tells; the caller then launches as usual."""
         data = b"".join(a.encode() + b"\0" for a in args)
         self.sock.sendall(struct.pack("=I", len(data)) + data)
+        ready, _, _ = select.select([self.sock], [], [], FORK_LOOK_S)
+        if ready and self.sock.recv(1, socket.MSG_PEEK) == b"":
+            raise OSError(errno.EPIPE, "the armed launcher is gone")
         if not stdin_pipe and self.proc.stdin is not None:
             self.proc.stdin.close()  # no stdin: the program reads EOF at once, as from /dev/null
             self.proc.stdin = None
