@@ -42,13 +42,18 @@ def test_daemonising_double_fork_dies_with_its_action(manager: CpuManager, any_s
 
 
 def test_fork_bomb_with_silent_output_leaves_a_usable_sandbox(manager: CpuManager, spec: SpecMaker) -> None:
-    """Fix: leftovers killed after a 'succeeded' bomb; the sandbox is not silently broken."""
+    """Fix: leftovers killed after a 'succeeded' bomb; the sandbox is not silently broken.
+    Fix: the run ends once its killed tasks are reaped (``settle_reaped``; the launcher
+    reaps its program on a stop): zombies left in the pids budget of a sandbox frozen
+    after its run made the next run's launcher fail to fork (CI)."""
     sid = manager.create_sandbox(spec(mem_bytes=256 << 20, pids_max=64, workspace_bytes=8 << 20, tmp_bytes=8 << 20))
     try:
         r = manager.exec(sid, "bomb() { bomb | bomb & }; bomb >/dev/null 2>&1", timeout_s=3)
         assert r.outcome in (Outcome.SUCCEEDED, Outcome.TIMED_OUT)  # bash may retry a failed fork
+        assert manager.driver.sandbox_unreaped(manager.get_sandbox(sid).group) == 0, r
         for _ in range(3):
-            assert manager.exec(sid, "echo ok", timeout_s=10).stdout == b"ok\n"
+            ok = manager.exec(sid, "echo ok", timeout_s=10)
+            assert ok.stdout == b"ok\n", ok
         assert len(manager.driver.sandbox_pids(manager.get_sandbox(sid).group)) <= 4
         assert manager.sandbox_info(sid).state == "idle"
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -57,12 +58,22 @@ def test_concurrent_actions_each_see_their_own_cpus(manager: CpuManager, sandbox
             if dop != nproc or int(nproc) != len(r.cpus):
                 bad.append(r.stdout)
 
-    threads = [threading.Thread(target=run, args=(1 + i % 2,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(run, 1 + i % 2) for i in range(4)]:
+            done.result()  # a run that raised fails the test (a lost thread once hid an EINVAL)
     assert not bad
+
+
+def test_an_ended_runs_larger_quota_never_blocks_lowering_the_sandboxs(manager: CpuManager, sandbox: str) -> None:
+    """cgroup v1 refuses a sandbox quota below a slot's: a 1.5-core run that ends while a
+    0.3-core one goes on leaves its empty slot at 1.5 cores, and the sandbox's quota then
+    drops to 0.3 cores (fix: the empty slot's quota is lifted first, ``_lift_stale_quota``)."""
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(manager.exec, sandbox, "sleep 1; echo slow", millicores=300)
+        time.sleep(0.3)
+        assert manager.exec(sandbox, "echo fast", millicores=1500).stdout == b"fast\n"
+        assert slow.result().stdout == b"slow\n"
+        assert manager.exec(sandbox, "echo again", millicores=1500).stdout == b"again\n"
 
 
 def test_guaranteed_holding_is_a_real_limit_and_zero_grants_run_within_it(manager: CpuManager, sandbox: str) -> None:

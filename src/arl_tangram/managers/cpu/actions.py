@@ -53,6 +53,10 @@ from arl_tangram.managers.cpu.sandbox import Sandbox
 #: (a vfork spawn takes under a millisecond, a select wakes ~2 ms late), and won, so a
 #: demoted run was killed at its floor CPU weight instead of promoted first (``_stop``).
 LAUNCHER_BACKSTOP_MARGIN_S = 0.1
+#: how long a stop waits for the launcher to end its program on SIGTERM before SIGKILL
+STOP_ASK_S = 0.5
+#: how long the end of a run that killed tasks waits for them to be reaped (``settle_reaped``)
+REAP_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -139,9 +143,15 @@ def _stop(driver: CgroupDriver, sandbox: Sandbox, slot: str, proc: subprocess.Po
         # cgroups the frozen slot kill below ends the tree at once, never a child before its
         # parent (a shell that saw its child die would run its next command)
         kill_tree(proc.pid, spare_root=True)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGKILL)
-    _wait_exited(proc.pid, grace_s)
+    # SIGTERM first: a launcher that forked kills and reaps its program, then exits (one
+    # that had not forked just dies). Killed first, it left the program an orphan of the
+    # host's init, whose late reaping kept the zombie in the sandbox's pids budget: the next
+    # run of a fork bomb's sandbox could not fork (CI, chaos suite).
+    for sig, wait_s in ((signal.SIGTERM, min(grace_s, STOP_ASK_S)), (signal.SIGKILL, grace_s)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        if _wait_exited(proc.pid, wait_s):
+            break
     driver.kill_slot(sandbox.group, slot)  # the whole tree, daemons included
 
 
@@ -182,6 +192,22 @@ def end_of_action(driver: CgroupDriver, sandbox: Sandbox, slot: str) -> tuple[in
         sandbox.mark_dead(reason)
         return len(leftovers), reason
     return len(leftovers), None
+
+
+def settle_reaped(driver: CgroupDriver, group: str, timeout_s: float = REAP_WAIT_S) -> bool:
+    """Wait (bounded) until the sandbox's killed tasks are reaped, not only dead. A zombie
+    keeps its place in the sandbox's pids budget until the sandbox's init reaps it, and an
+    idle sandbox is frozen right after its run: a killed fork bomb's zombies then held the
+    budget until the next run's thaw, whose launcher could not fork (``fork: Resource
+    temporarily unavailable``; CI, the chaos suite). True once settled."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while driver.sandbox_unreaped(group) > 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    return True
 
 
 def _spawn(sandbox: Sandbox, slot: str, req: ActionRequest, backstop_s: float | None) -> tuple[subprocess.Popen[bytes], int]:
@@ -252,6 +278,8 @@ def _run(
     if by_launcher and res.stderr.data.endswith(LAUNCH_TIMEOUT_MARK):
         del res.stderr.data[-len(LAUNCH_TIMEOUT_MARK) :]  # the launcher's word, not the program's
     killed, error = (0, None) if req.background and not (timed_out or res.cancelled) else end_of_action(driver, sandbox, slot)
+    if killed or res.stop_at is not None:
+        settle_reaped(driver, sandbox.group)
     wall_s = time.perf_counter() - t0
     cancelled = res.cancelled or sandbox.is_destroying
     if cancelled:

@@ -55,6 +55,9 @@ class NullCgroupDriver:
     def sandbox_pids(self, sandbox: str) -> list[int]:
         return []
 
+    def sandbox_unreaped(self, sandbox: str) -> int:
+        return 0
+
     def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
         """Best effort without cgroups: nothing identifies the slot's processes."""
         return 0

@@ -234,6 +234,10 @@ class CgroupV1Driver:
     def sandbox_pids(self, sandbox: str) -> list[int]:
         return sorted(set(self._tids(self._path("freezer", sandbox))))
 
+    def sandbox_unreaped(self, sandbox: str) -> int:
+        listed = len(self._tids(self._path("freezer", sandbox)))
+        return max(0, read_int(self._path("pids", sandbox, "pids.current")) - listed)
+
     def _tids(self, base: str) -> list[int]:
         tids = read_pids(os.path.join(base, "tasks"))
         for child in _subdirs(base):

@@ -209,6 +209,15 @@ class CgroupV2Driver:
                     pids.extend(read_pids(os.path.join(entry.path, "cgroup.procs")))
         return sorted(set(pids))
 
+    def sandbox_unreaped(self, sandbox: str) -> int:
+        base = self._path(sandbox)
+        listed = len(read_pids(os.path.join(base, "cgroup.threads")))
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(base):
+                if entry.is_dir():
+                    listed += len(read_pids(os.path.join(entry.path, "cgroup.threads")))
+        return max(0, read_int(os.path.join(base, "pids.current")) - listed)
+
     def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
         """As in v1 (freeze, signal, thaw unlimited; launchers spared); returns what is left.
         ``cgroup.kill`` is not used: it cannot spare the launchers."""

@@ -43,6 +43,11 @@ SOURCE = r"""/* arl-tangram action launcher: join cgroups, enter a sandbox, run 
  * fork, the parent SIGKILLs that group, reaps the child, writes
  * "arl-tangram-launch: timeout" on stderr and exits 124: the deadline is kept by the kernel
  * even when the manager's own threads run late (it then kills the rest through the cgroup).
+ * SIGTERM is the manager's stop: before the fork it ends the launcher (nothing runs yet);
+ * after it the parent SIGKILLs the child (and its group), reaps it and mirrors its status.
+ * The child must die while the parent lives: orphaned, it is reparented to the host's init
+ * (the parent is outside the sandbox's pid namespace), whose late reaping left its zombie
+ * holding a place in the sandbox's pids budget, and the next run could not fork.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -70,18 +75,25 @@ static void die(const char *what, const char *arg) {
 
 static int to_int(const char *s) { return (int)strtol(s, NULL, 10); }
 
-/* 1 when the child exited before the deadline (its status in *status), 0 at the deadline */
-static int wait_until(pid_t child, struct timespec end, const sigset_t *chld, int *status) {
+/* 1 when the child exited (its status in *status), 0 at the deadline (none when end is
+ * NULL), -1 at the manager's stop (SIGTERM); `waited` (SIGCHLD, SIGTERM) is blocked */
+static int wait_until(pid_t child, const struct timespec *end, const sigset_t *waited, int *status) {
     for (;;) {
         pid_t r = waitpid(child, status, WNOHANG);
         if (r == child) return 1;
         if (r < 0 && errno != EINTR) die("waitpid", NULL);
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        long long left_ns = (long long)(end.tv_sec - now.tv_sec) * 1000000000LL + (end.tv_nsec - now.tv_nsec);
-        if (left_ns <= 0) return 0;
-        struct timespec left = {(time_t)(left_ns / 1000000000LL), (long)(left_ns % 1000000000LL)};
-        sigtimedwait(chld, NULL, &left); /* a SIGCHLD, the time left, or EINTR: look again */
+        int sig;
+        if (end == NULL) {
+            sig = sigwaitinfo(waited, NULL);
+        } else {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            long long left_ns = (long long)(end->tv_sec - now.tv_sec) * 1000000000LL + (end->tv_nsec - now.tv_nsec);
+            if (left_ns <= 0) return 0;
+            struct timespec left = {(time_t)(left_ns / 1000000000LL), (long)(left_ns % 1000000000LL)};
+            sig = sigtimedwait(waited, NULL, &left);
+        }
+        if (sig == SIGTERM) return -1; /* else a SIGCHLD, the time left, or EINTR: look again */
     }
 }
 
@@ -178,10 +190,11 @@ int main(int argc, char **argv) {
     if (i >= argc || strcmp(argv[i], "--") != 0 || i + 1 >= argc) { errno = EINVAL; die("usage", NULL); }
     argv[i] = NULL; /* terminates envp */
     char **prog = &argv[i + 1];
-    sigset_t chld, old_mask;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    if (timeout_ms > 0) sigprocmask(SIG_BLOCK, &chld, &old_mask); /* before fork: none is lost */
+    sigset_t waited, old_mask;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIGTERM);
+    sigprocmask(SIG_BLOCK, &waited, &old_mask); /* before fork: none is lost */
     clock_gettime(CLOCK_MONOTONIC, &end); /* the deadline counts from the fork, after the joins */
     end.tv_sec += (time_t)(timeout_ms / 1000);
     end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
@@ -195,10 +208,8 @@ int main(int argc, char **argv) {
         close(notice);
     }
     if (child == 0) {
-        if (timeout_ms > 0) {
-            sigprocmask(SIG_SETMASK, &old_mask, NULL);
-            setpgid(0, 0);
-        }
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
+        if (timeout_ms > 0) setpgid(0, 0);
         if (chdir(cwd) != 0) {
             fprintf(stderr, "cannot change directory to %s: %s\n", cwd, strerror(errno));
             _exit(126);
@@ -208,21 +219,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", prog[0], strerror(errno));
         _exit(errno == ENOENT ? 127 : 126);
     }
-    int status, reaped = timeout_ms > 0 && wait_until(child, end, &chld, &status);
-    if (timeout_ms > 0 && !reaped) {
-        kill(-child, SIGKILL); /* the group (ESRCH if the child had not made it yet) */
+    int status, waited_for = wait_until(child, timeout_ms > 0 ? &end : NULL, &waited, &status);
+    if (waited_for <= 0) { /* the deadline or the stop: the child dies here, reaped by us */
+        if (timeout_ms > 0) kill(-child, SIGKILL); /* its group (ESRCH if it had not made it yet) */
         kill(child, SIGKILL);
         while (waitpid(child, &status, 0) < 0) {
             if (errno != EINTR) die("waitpid", NULL);
         }
-        fprintf(stderr, "\narl-tangram-launch: timeout\n");
-        _exit(124);
-    }
-    while (!reaped && waitpid(child, &status, 0) < 0) {
-        if (errno != EINTR) die("waitpid", NULL);
+        if (waited_for == 0) {
+            fprintf(stderr, "\narl-tangram-launch: timeout\n");
+            _exit(124);
+        }
     }
     if (WIFSIGNALED(status)) {
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, WTERMSIG(status));
         signal(WTERMSIG(status), SIG_DFL);
+        sigprocmask(SIG_UNBLOCK, &one, NULL); /* a SIGTERM is blocked since the fork */
         kill(getpid(), WTERMSIG(status));
         _exit(128 + WTERMSIG(status));
     }
