@@ -201,22 +201,22 @@ class CgroupV2Driver:
         return read_pids(self._path(sandbox, slot, "cgroup.procs"))
 
     def sandbox_pids(self, sandbox: str) -> list[int]:
-        base = self._path(sandbox)
-        pids = read_pids(os.path.join(base, "cgroup.procs"))
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(base):
-                if entry.is_dir():
-                    pids.extend(read_pids(os.path.join(entry.path, "cgroup.procs")))
-        return sorted(set(pids))
+        return sorted(set(self._listed(sandbox, "cgroup.procs")))
 
     def sandbox_unreaped(self, sandbox: str) -> int:
+        listed = len(self._listed(sandbox, "cgroup.threads"))
+        return max(0, read_int(self._path(sandbox, "pids.current")) - listed)
+
+    def _listed(self, sandbox: str, name: str) -> list[int]:
+        """The ids in ``name`` (``cgroup.procs`` or ``cgroup.threads``) of the sandbox's
+        group and of its slots."""
         base = self._path(sandbox)
-        listed = len(read_pids(os.path.join(base, "cgroup.threads")))
+        ids = read_pids(os.path.join(base, name))
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(base):
                 if entry.is_dir():
-                    listed += len(read_pids(os.path.join(entry.path, "cgroup.threads")))
-        return max(0, read_int(os.path.join(base, "pids.current")) - listed)
+                    ids.extend(read_pids(os.path.join(entry.path, name)))
+        return ids
 
     def kill_slot(self, sandbox: str, slot: str, *, spare_host: bool = True) -> int:
         """As in v1 (freeze, signal, thaw unlimited; launchers spared); returns what is left.

@@ -89,6 +89,7 @@ class _Slot:
     running: bool = False  # a grant is applied to it now
     cpus: tuple[int, ...] = ()
     millicores: int = 0
+    stale_quota_us: int | None = None  # empty and free: the quota its last run left (``end``)
 
 
 class Sandbox:
@@ -114,7 +115,6 @@ class Sandbox:
         self._next = 0
         self._applied_quota: int | None = None
         self._applied_slots: dict[str, tuple[tuple[int, ...], int | None]] = {}
-        self._stale_quota: dict[str, int] = {}  # an empty free slot's last written quota (``end``)
         self._frozen = False
         self._armed_pids: dict[str, int] = {}  # slot -> its armed launcher (``armed``), not a run's task
         self.before_destroy: Callable[[Sandbox], None] | None = None  # drops its armed launchers
@@ -296,8 +296,7 @@ class Sandbox:
                 # run, a cpuset write among them). Its cpuset is known; its quota is not (a
                 # kill lifts it), so the next begin writes the quota whatever it is.
                 self._applied_slots[slot] = (applied[0], None)
-                if applied[1] is not None:
-                    self._stale_quota[slot] = applied[1]
+                s.stale_quota_us = applied[1]
             if self._demoted and not any(x.running for x in self._slots.values()):
                 h = self.holding  # back to the weight it had: a Burstable holding's, else the default
                 self._driver.set_shares(self.group, h.millicores * 1024 // 1000 if h is not None and not h.limit else 1024)
@@ -388,11 +387,11 @@ class Sandbox:
         for name, s in self._slots.items():
             old = self._applied_slots.get(name)
             if old is not None and s.kind == "free" and not s.running and h is None:
-                self._lift_stale_quota(name, quota)
+                self._lift_stale_quota(name, s, quota)
                 continue  # an empty free slot (see ``end``) of a sandbox frozen or running others
             want = self._slot_setting(s)
             if want != old:
-                self._stale_quota.pop(name, None)
+                s.stale_quota_us = None
                 self._driver.set_slot_grant(self.group, name, want[0] if old is None or old[0] != want[0] else None,
                                             want[1] if old is None or old[1] != want[1] else None)  # fmt: skip
                 self._applied_slots[name] = want
@@ -401,15 +400,14 @@ class Sandbox:
             self._driver.thaw(self.group)
         self._frozen = freeze
 
-    def _lift_stale_quota(self, slot: str, quota: int) -> None:
+    def _lift_stale_quota(self, name: str, s: _Slot, quota: int) -> None:
         """v1 refuses a sandbox quota below any child's (EINVAL): an empty slot that kept a
         larger quota from its last run (``end``) is lifted to unlimited first. Missed, a
         2-core run's ended slot failed the next lowering while a 1-core run went on, and
         the exception left ``exec`` (CI, ``test_grants``)."""
-        stale = self._stale_quota.get(slot)
-        if stale is not None and stale >= 0 and 0 <= quota < stale:
-            self._driver.set_slot_grant(self.group, slot, None, -1)
-            del self._stale_quota[slot]
+        if s.stale_quota_us is not None and 0 <= quota < s.stale_quota_us:
+            self._driver.set_slot_grant(self.group, name, None, -1)
+            s.stale_quota_us = None
 
     def _write_quota(self, quota: int) -> None:
         if quota != self._applied_quota:
@@ -478,7 +476,6 @@ class Sandbox:
         with self.lock:
             if self._slots.pop(slot, None) is not None and self.state in _LIVE:
                 self._applied_slots.pop(slot, None)
-                self._stale_quota.pop(slot, None)
                 with contextlib.suppress(OSError):
                     self._driver.remove_slot(self.group, slot)
 
