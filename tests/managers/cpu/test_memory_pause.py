@@ -143,3 +143,31 @@ def test_at_a_hard_limit_at_its_grant_the_same_write_fails_with_enomem(
     on_paused, _ = _controller(0.2, lambda: manager.grow_memory(roomy, 400 * MIB))
     res = manager.exec(roomy, WRITER, mem_limit_bytes=32 * MIB, on_memory_paused=on_paused, timeout_s=30)
     assert res.outcome == "failed" and "Cannot allocate memory" in res.stderr_text, (res.outcome, res.stderr_text[-400:])
+
+
+def test_a_crossing_before_the_v1_threshold_is_registered_still_pauses(
+    manager: CpuManager, roomy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """v1 registers a usage threshold inside an RCU grace period (8-25 ms a run here), so it
+    is armed off the run's path and the pump reads the usage until it is (``memory_watch``).
+    Here every arming is held back for the whole run, and the write starts after the pump's
+    first look at a fresh grant: it still pauses at its grant, and no registration ran on
+    the run's path."""
+    if manager.driver.version != 1:
+        pytest.skip("v1 usage thresholds")
+    held: list[Callable[[], None]] = []
+
+    class HeldBack:
+        def submit(self, arm: Callable[[], None]) -> None:
+            held.append(arm)
+
+    monkeypatch.setattr(memory_watch, "_arming_pool", HeldBack)
+    on_paused, seen = _controller(0.2, lambda: manager.grow_memory(roomy, 400 * MIB))
+    try:
+        res = manager.exec(roomy, "sleep 0.3 && " + WRITER, mem_limit_bytes=32 * MIB, on_memory_paused=on_paused, timeout_s=30)
+    finally:
+        for arm in held:  # the closed watches' fds close once their arming ends
+            arm()
+    assert held, "the threshold was registered on the run's path"
+    assert res.outcome == "succeeded" and res.stdout_text.strip() == "wrote", (res.outcome, res.stderr_text[-400:])
+    assert seen and 32 * MIB <= seen[0] <= 160 * MIB  # paused over its grant by a bounded overshoot

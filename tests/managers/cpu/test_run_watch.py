@@ -12,7 +12,7 @@ import threading
 import time
 
 from arl_tangram.managers.cpu.manager import CpuManager
-from arl_tangram.managers.cpu.memory_watch import inotify_modified
+from arl_tangram.managers.cpu.memory_watch import ARMING_WORKERS, inotify_modified
 from arl_tangram.managers.cpu.proc_io import pump
 from arl_tangram.managers.cpu.run_watch import Waker
 from tests.managers.cpu.conftest import needs_root
@@ -22,6 +22,8 @@ MIB = 1 << 20
 
 @needs_root
 def test_a_run_with_a_memory_grant_starts_no_thread_of_its_own(manager: CpuManager, sandbox: str) -> None:
+    """Only the shared arming pool (v1 thresholds, ``memory_watch``) may add threads, and it
+    is bounded whatever the number of runs."""
     manager.exec(sandbox, "true", mem_limit_bytes=64 * MIB, on_memory_paused=lambda _: None, timeout_s=10)  # warm
     out: dict[str, object] = {}
     before = {t.ident for t in threading.enumerate()}
@@ -30,10 +32,13 @@ def test_a_run_with_a_memory_grant_starts_no_thread_of_its_own(manager: CpuManag
     )  # fmt: skip
     runner.start()
     time.sleep(0.3)  # past the watch's first look: the old watch thread would be running now
-    extra = [t.name for t in threading.enumerate() if t.ident not in before and t is not runner]
+    new = [t.name for t in threading.enumerate() if t.ident not in before and t is not runner]
+    extra = [name for name in new if not name.startswith("memory-arming")]
     runner.join(20)
     assert out["r"].stdout_text == "done\n"  # type: ignore[attr-defined]
     assert extra == [], extra
+    arming = [t for t in threading.enumerate() if t.name.startswith("memory-arming")]
+    assert len(arming) <= ARMING_WORKERS
 
 
 class Recorder:

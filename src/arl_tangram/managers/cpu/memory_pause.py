@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
-from arl_tangram.managers.cpu.memory_watch import MemoryWatch
+from arl_tangram.managers.cpu.memory_watch import ARMING_POLL_S, MemoryWatch
 from arl_tangram.managers.cpu.run_watch import Waker
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,13 @@ class MemoryPause:
             if watch is None or self._closed or self._killed or self._gone:
                 return None
             fired = watch.fileno() in ready
-            if not fired and self._recheck and now < self._first_look_at:
+            # its threshold is still being registered (``memory_watch``): no crossing would
+            # signal yet, so the usage is read every ``ARMING_POLL_S`` meanwhile
+            polling = not watch.armed()
+            if not (fired or polling) and self._recheck and now < self._first_look_at:
                 return self._first_look_at
         try:
-            usage = self._check(watch, fired)
+            usage = self._check(watch, fired or polling)
         except OSError:  # the sandbox went away under a destroy: its run is ending
             log.debug("memory watch of %s: group gone", self._group, exc_info=True)
             with self._lock:
@@ -85,7 +88,8 @@ class MemoryPause:
         if usage is not None:
             with contextlib.suppress(OSError):
                 self._on_paused(usage)
-        return None
+            return None
+        return now + ARMING_POLL_S if polling else None
 
     def _check(self, watch: MemoryWatch, fired: bool) -> int | None:
         """The usage to report when a pause begins now, else None."""

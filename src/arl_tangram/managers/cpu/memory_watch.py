@@ -18,6 +18,15 @@ watched mark under a higher hard limit:
   charge; ``memory.max`` stays the env's limit; ``memory.events`` counts it (inotify).
   The kernel holds the tasks itself, so nothing is frozen.
 
+Arming off the run's path (v1): registering a ``memory.usage_in_bytes`` threshold waits an
+RCU grace period in the kernel (``synchronize_rcu`` under the memcg's threshold lock): 8-25
+ms per run here, measured, the largest part of a short action's overhead (a 50-ms lint paid
+it on every run; issue 26). The OOM event registers at once; the threshold is registered on
+a small shared pool of threads (``ARMING_WORKERS``) while the program starts, and until it
+is (``armed()``) the pump reads the usage every ``ARMING_POLL_S`` instead (``memory_pause``),
+then the arming signals the eventfd once, so a crossing before the threshold existed is
+seen. The overshoot below grows by nothing beyond that polling period.
+
 Overshoot: the tasks run between the crossing and the freeze (the eventfd is checked every
 128 page events per cpu, then this thread must get the GIL), so usage passes the grant by
 what they charge meanwhile: the rate times that latency (measured: a 200 MiB tmpfs write
@@ -33,8 +42,11 @@ import contextlib
 import ctypes
 import errno
 import functools
+import logging
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_text, write_text
@@ -48,6 +60,15 @@ from arl_tangram.managers.cpu.cgroup_fs import read_int, read_keyed, read_text, 
 HARD_LIMIT_ROOM_BYTES: int | None = None
 FREEZE_WAIT_S = 0.25  # v1 freezing is asynchronous: how long to wait for FROZEN (then: over)
 _RECLAIM_RETRIES = 3  # lowering the hard limit to the grant: tries before it counts as over
+ARMING_WORKERS = 32  # threshold registrations in flight at once (each mostly waits in the kernel)
+ARMING_POLL_S = 0.005  # how often the pump reads the usage while a threshold is being armed
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _arming_pool() -> ThreadPoolExecutor:
+    """The threads that register v1 usage thresholds (module doc: arming off the run's path)."""
+    return ThreadPoolExecutor(max_workers=ARMING_WORKERS, thread_name_prefix="memory-arming")
 
 
 class MemoryWatch(Protocol):
@@ -57,6 +78,11 @@ class MemoryWatch(Protocol):
     grant_bytes: int
 
     def fileno(self) -> int: ...
+
+    def armed(self) -> bool:
+        """Whether a crossing of the grant now signals ``fileno`` (v1: once its threshold is
+        registered, module doc); until then the caller polls ``consume``."""
+        ...
 
     def consume(self) -> bool:
         """Clear the pending notification; True when the sandbox may be over its grant now."""
@@ -94,21 +120,47 @@ class V1GrantWatch:
         self._control = os.path.join(memory_dir, "memory.oom_control")
         self._fds: list[int] = []
         self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._events = os.path.join(memory_dir, "cgroup.event_control")
+        self._lock = threading.Lock()  # guards the fds between the arming thread and ``close``
+        self._arming = self._closed = False
         try:
             self._set_limit(self._hard)
             write_text(self._control, "1")
-            events = os.path.join(memory_dir, "cgroup.event_control")
-            if grant_bytes < self._hard:  # at the env's limit only the OOM event counts
-                self._fds.append(os.open(self._usage, os.O_RDONLY | os.O_CLOEXEC))
-                write_text(events, f"{self._efd} {self._fds[-1]} {grant_bytes}")
             self._fds.append(os.open(self._control, os.O_RDONLY | os.O_CLOEXEC))
-            write_text(events, f"{self._efd} {self._fds[-1]}")
+            write_text(self._events, f"{self._efd} {self._fds[-1]}")
         except OSError:
             self.close()
             raise
+        if grant_bytes < self._hard:  # at the env's limit only the OOM event counts
+            self._arming = True
+            _arming_pool().submit(self._arm_threshold)
+
+    def _arm_threshold(self) -> None:
+        """On the arming pool: register the usage threshold at the grant, then signal the
+        eventfd once (a crossing before it existed fired nothing; ``consume`` reads the
+        usage). Closes the fds itself when ``close`` came meanwhile."""
+        fd = -1
+        try:
+            fd = os.open(self._usage, os.O_RDONLY | os.O_CLOEXEC)
+            write_text(self._events, f"{self._efd} {fd} {self.grant_bytes}")
+        except OSError:  # the group went away under a destroy: its run is ending
+            log.debug("memory threshold of %s: not armed", self._dir, exc_info=True)
+        with self._lock:
+            self._arming = False
+            if fd >= 0:
+                self._fds.append(fd)
+            if self._closed:
+                self._close_fds()
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_write(self._efd, 1)
 
     def fileno(self) -> int:
         return self._efd
+
+    def armed(self) -> bool:
+        with self._lock:
+            return not self._arming
 
     def usage_bytes(self) -> int:
         return read_int(self._usage)
@@ -192,12 +244,20 @@ class V1GrantWatch:
         self.release()
 
     def close(self) -> None:
-        """Unregister (closing the eventfd does); what is held and the limit are the caller's
+        """Unregister (closing the eventfd does; while the threshold is still being armed,
+        the arming thread does it when done); what is held and the limit are the caller's
         (a re-armed watch holds on where this one stops)."""
+        with self._lock:
+            self._closed = True
+            if not self._arming:
+                self._close_fds()
+
+    def _close_fds(self) -> None:
         for fd in (self._efd, *self._fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
+        self._efd = -1
 
 
 class V2HighWatch:
@@ -216,6 +276,9 @@ class V2HighWatch:
 
     def fileno(self) -> int:
         return self._fd
+
+    def armed(self) -> bool:
+        return True  # ``memory.high`` throttles from its write on
 
     def consume(self) -> bool:
         with contextlib.suppress(BlockingIOError, OSError):
