@@ -201,3 +201,20 @@ def test_tangrams_reserved_memory_is_its_grants_while_running_plus_its_footprint
     gib_s = system_run("tangram", [out], 10.0, SMALL).extra["gib_s_reserved"]
     # grant 1 s x 0.5 GiB, footprint 64 MiB from t = 2 to 6, then 128 MiB from t = 6 to 10
     assert gib_s == pytest.approx(0.5 + 4 * 64 / 1024 + 4 * 128 / 1024)
+
+
+def test_the_fit_carries_the_overhead_per_action_this_run_measured() -> None:
+    """The simulator's check runs on the live run's platform cost, not PAPER's 24 ms (which
+    the v1 memory threshold's registration once matched here): with the PAPER figure the
+    simulated swe ACT came out 1.38x the live one once that cost was gone (issue 26)."""
+    from arl_tangram.bench.live import simcheck
+    from arl_tangram.bench.live.swe_result import _fitted
+    from arl_tangram.bench.live.swe_rollout import ActionRecord, RolloutOutcome
+    from arl_tangram.runtime.actions import ActionResult
+
+    out = RolloutOutcome(make_plans(SMALL)[0], 0.0, env_ready_s=0.0, ended_s=10.0)
+    out.actions = [ActionRecord("read", 1.0, ActionResult("a", "read", "succeeded", exec_s=0.5, overhead_s=0.002)),
+                   ActionRecord("grep", 5.0, ActionResult("b", "grep", "succeeded", exec_s=0.5, overhead_s=0.004))]  # fmt: skip
+    fitted = _fitted({"tangram": ([out], 10.0)}, SMALL, 2)
+    assert fitted["action_overhead_s"] == pytest.approx(0.003)
+    assert simcheck._platform(fitted).action_overhead_s == pytest.approx(0.003)

@@ -133,7 +133,10 @@ class V1GrantWatch:
             raise
         if grant_bytes < self._hard:  # at the env's limit only the OOM event counts
             self._arming = True
-            _arming_pool().submit(self._arm_threshold)
+            try:
+                _arming_pool().submit(self._arm_threshold)
+            except RuntimeError:  # the interpreter is shutting down: no new threads, arm here
+                self._arm_threshold()
 
     def _arm_threshold(self) -> None:
         """On the arming pool: register the usage threshold at the grant, then signal the
