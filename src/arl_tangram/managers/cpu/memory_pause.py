@@ -29,11 +29,6 @@ from arl_tangram.managers.cpu.memory_watch import ARMING_POLL_S, MemoryWatch
 from arl_tangram.managers.cpu.run_watch import Waker
 
 log = logging.getLogger(__name__)
-#: a fresh grant may already be passed without a crossing the kernel signals, so the pump
-#: looks once this soon after the grant is armed (``_recheck``); a 1-s first look missed a
-#: 200-MiB write's pause (``tests/client/test_memory.py``). Later, only a crossing (the
-#: watch's fd) or a re-arm (the waker) has anything for it, and each wakes the pump at once.
-FIRST_LOOK_S = 0.05
 LOCK_STRIPES = 64  # sandboxes whose open and close may run at once on a node (hash collisions aside)
 
 
@@ -50,8 +45,6 @@ class MemoryPause:
         self._since: float | None = None
         self._total_s = 0.0
         self._killed = False  # the kernel's OOM killer decides from now on
-        self._recheck = True  # a fresh grant: usage may already be over it (no crossing fires)
-        self._first_look_at = time.monotonic() + FIRST_LOOK_S
         self._closed = False
         self._gone = False  # the group went away under a destroy: nothing more to watch
         # re-arms from other threads poke it: the pump then watches the new watch's fd
@@ -73,13 +66,16 @@ class MemoryPause:
             if watch is None or self._closed or self._killed or self._gone:
                 return None
             fired = watch.fileno() in ready
-            # its threshold is still being registered (``memory_watch``): no crossing would
-            # signal yet, so the usage is read every ``ARMING_POLL_S`` meanwhile
+            # A fresh grant may already be passed, which no crossing signals. Until a v1
+            # threshold is registered (``memory_watch``) the pump reads the usage every
+            # ``ARMING_POLL_S``, its first look at the run's start, and the registration
+            # signals once when done (v2: the kernel counts a throttle over ``memory.high``).
+            # Later only a crossing (the watch's fd) or a re-arm (the waker) wakes it.
             polling = not watch.armed()
-            if not (fired or polling) and self._recheck and now < self._first_look_at:
-                return self._first_look_at
+            if not (fired or polling):
+                return None
         try:
-            usage = self._check(watch, fired or polling)
+            usage = self._check(watch)
         except OSError:  # the sandbox went away under a destroy: its run is ending
             log.debug("memory watch of %s: group gone", self._group, exc_info=True)
             with self._lock:
@@ -91,14 +87,11 @@ class MemoryPause:
             return None
         return now + ARMING_POLL_S if polling else None
 
-    def _check(self, watch: MemoryWatch, fired: bool) -> int | None:
+    def _check(self, watch: MemoryWatch) -> int | None:
         """The usage to report when a pause begins now, else None."""
         with self._lock:
             if watch is not self._watch or self._killed or self._closed:
                 return None
-            if not (fired or self._recheck):
-                return None
-            self._recheck = False
             if not watch.consume() or self._since is not None:
                 return None
             began = time.monotonic()  # the pause runs from the crossing, freezing included
