@@ -132,7 +132,8 @@ def test_files_write_read_list_make_dir_remove_exists(sandbox: Sandbox) -> None:
 
 
 def test_timeout_is_a_ttl_that_wins_over_the_idle_lease(api: str) -> None:
-    sb = Sandbox.create("base", timeout=2)
+    # a TTL well past the steps before ``set_timeout`` (CI once took over 2 s for them)
+    sb = Sandbox.create("base", timeout=5)
     time.sleep(2 * IDLE_TTL_S)  # idle past the lease: still alive, the TTL rules
     assert sb.commands.run("echo alive").stdout == "alive\n"
     background = sb.commands.run("sleep 30", background=True)

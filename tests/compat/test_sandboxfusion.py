@@ -85,7 +85,8 @@ def test_a_memory_limit_is_enforced_as_a_program_failure(server: ServerThread) -
         json={"code": "x = bytearray(400 << 20); x[::4096] = b'1' * len(x[::4096]); print('survived')", "memory_limit_MB": 128},
         timeout=60,
     ).json()
-    assert r["status"] == "Failed" and r["run_result"]["stdout"] == "" and r["run_result"]["return_code"] != 0
+    assert r["status"] == "Failed", r  # the whole answer: a SandboxError names its cause
+    assert r["run_result"]["stdout"] == "" and r["run_result"]["return_code"] != 0
 
 
 @pytest.mark.anyio
