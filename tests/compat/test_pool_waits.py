@@ -190,6 +190,45 @@ async def test_a_call_whose_program_ran_long_waits_behind_the_others_until_it_is
     assert await asyncio.wait_for(late, 1.0) == "env-3"
 
 
+async def test_a_retry_known_long_goes_after_the_short_retries() -> None:
+    """Retries are served first, and among them one not known to run long before one known
+    long: a long run holds its env for its whole timeout (measured, ``bench verdicts``
+    256-half-loop: short retries behind a crowd of looping ones waited 6-10 s)."""
+    pool = _full_pool()
+    bucket = pool._bucket(TENANT, MEM)
+    looping = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, retry=True, long=lambda: True))
+    await _until(lambda: len(bucket.lines.retries) == 1)
+    short = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, retry=True, long=lambda: False))
+    first = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0))
+    await _until(lambda: len(bucket.lines.retries) == 2 and len(bucket.lines.waiters) == 1)
+    pool._pass_on(bucket, "env-1")
+    assert await asyncio.wait_for(short, 1.0) == "env-1"
+    pool._pass_on(bucket, "env-2")
+    assert await asyncio.wait_for(looping, 1.0) == "env-2"  # still before first attempts
+    pool._pass_on(bucket, "env-3")
+    assert await asyncio.wait_for(first, 1.0) == "env-3"
+
+
+async def test_a_due_call_known_long_does_not_pass_a_due_call_not_known_long() -> None:
+    """Both start-by times near, one env: the call not known to be long gets it; the long
+    one's is the 504 (its retry is served first), not the short one's."""
+    pool = _full_pool()
+    bucket = pool._bucket(TENANT, MEM)
+    held = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, long=lambda: True))
+    await _until(lambda: len(bucket.lines.waiters) == 1)
+    short = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, long=lambda: False))
+    await _until(lambda: len(bucket.lines.waiters) == 2)
+    pool._pass_on(bucket, "env-1")  # the long one moves to ``held`` on the way
+    assert await asyncio.wait_for(short, 1.0) == "env-1"
+    late = asyncio.ensure_future(pool.acquire(TENANT, MEM, 5.0, long=lambda: False))
+    await _until(lambda: len(bucket.lines.held) == 1 and len(bucket.lines.waiters) == 1)
+    bucket.lines.held[0].due = bucket.lines.waiters[0].due = 0.0  # both start-by times near
+    pool._pass_on(bucket, "env-2")
+    assert await asyncio.wait_for(late, 1.0) == "env-2" and not held.done()
+    pool._pass_on(bucket, "env-3")
+    assert await asyncio.wait_for(held, 1.0) == "env-3"
+
+
 async def test_a_probe_ends_once_and_its_demoted_run_marks_the_program_long() -> None:
     from types import SimpleNamespace
 

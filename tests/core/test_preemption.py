@@ -12,6 +12,7 @@ from arl_tangram.core.decisions import PreemptAction, RejectAction
 from arl_tangram.core.errors import SpecError
 from arl_tangram.core.events import ActionFinished, ActionSubmitted
 from arl_tangram.core.policies.registry import make_policy
+from arl_tangram.core.preemption import QUANTUM_FLOOR_S
 from tests.core.builders import Driver, make_action, make_cluster, make_env, of_type
 
 
@@ -24,9 +25,9 @@ def _two_core_driver(**params: float) -> Driver:
 
 def test_an_overdue_action_yields_its_core_to_waiting_work_and_keeps_its_memory() -> None:
     d = _two_core_driver(preempt_quantum_s=0.5)
-    d.step([ActionSubmitted(make_action(f"a{i}", env=f"e{i}", t_ori_s=10.0)) for i in range(3)], now=0.0)
+    d.step([ActionSubmitted(make_action(f"a{i}", env=f"e{i}", t_ori_s=None)) for i in range(3)], now=0.0)
     assert sorted(d.starts()) == ["a0", "a1"]
-    assert d.wake_at == pytest.approx(0.5)  # the quantum of the first running action
+    assert d.wake_at == pytest.approx(0.5)  # a kind never seen: the cap is its first quantum
     d.step(now=0.5)
     preempted = of_type(d.log, PreemptAction)
     assert [p.action_id for p in preempted] == ["a0"]  # oldest start first, only as many as needed
@@ -83,3 +84,18 @@ def test_the_first_quantum_follows_the_kinds_expected_length() -> None:
     assert d.wake_at == pytest.approx(0.1)
     d.step(now=0.1)
     assert [p.action_id for p in of_type(d.log, PreemptAction)] == ["a0"] and "a2" in d.starts()
+
+
+def test_an_action_declared_longer_than_the_cap_is_demoted_at_the_floor_quantum() -> None:
+    # known long (the SandboxFusion face declares a program seen looping): its exclusive time
+    # until the cap would only delay the short run waiting behind it
+    d = _two_core_driver(preempt_quantum_s=0.5)
+    d.step([ActionSubmitted(make_action("long", env="e0", t_ori_s=3.0)), ActionSubmitted(make_action("unknown", env="e1", t_ori_s=None))], now=0.0)
+    d.step([ActionSubmitted(make_action("short", env="e2", t_ori_s=0.1))], now=0.0)
+    assert d.wake_at == pytest.approx(QUANTUM_FLOOR_S)
+    d.step(now=QUANTUM_FLOOR_S)
+    assert [p.action_id for p in of_type(d.log, PreemptAction)] == ["long"] and "short" in d.starts()
+    d.step([ActionSubmitted(make_action("next", env="e3", t_ori_s=0.1))], now=0.1)
+    assert len(of_type(d.log, PreemptAction)) == 1  # the unknown one keeps its core until the cap
+    d.step(now=0.5)
+    assert [(p.action_id, p.known_long) for p in of_type(d.log, PreemptAction)] == [("long", True), ("unknown", False)]

@@ -138,13 +138,16 @@ class PreemptAction:
     core has already given its cores back (its memory stays granted). The manager keeps the
     program running, unchanged, at the floor CPU priority on the node's cpus, so it uses
     only what granted actions leave idle; it ends as it would have (its ``ActionFinished``
-    frees the rest). Idempotent: an action already demoted or ended is left alone."""
+    frees the rest). Idempotent: an action already demoted or ended is left alone.
+    ``known_long``: the run was declared long (``preemption.declared_long``), so the
+    manager demotes it at once, not only once it has used some CPU of its own."""
 
     action_id: str
     node_id: str
     reason: str
     cause: str
     stimulus_id: str = ""
+    known_long: bool = False
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,12 @@ def is_preemptible(run: Running) -> bool:
 
 def quantum_of(ed: StateEditor, run: Running, quantum_s: float) -> float:
     """A run's first quantum: ``QUANTUM_PER_T_ORI`` x its client or learned T_ori, clamped to
-    [``QUANTUM_FLOOR_S``, ``quantum_s``]; ``quantum_s`` for a kind never seen."""
+    [``QUANTUM_FLOOR_S``, ``quantum_s``]; ``quantum_s`` for a kind never seen. A run its client
+    declares at least ``quantum_s`` long (known long: the SandboxFusion face declares a program
+    seen looping) gets the floor: the cap would demote it anyway, and its exclusive time
+    until then only delays the short runs waiting behind it."""
+    if declared_long(run, quantum_s):
+        return min(quantum_s, QUANTUM_FLOOR_S)
     t_ori = run.spec.t_ori_s
     if t_ori is None:
         n_mean = ed.estimates.get(run.spec.kind)
@@ -67,6 +72,11 @@ def quantum_of(ed: StateEditor, run: Running, quantum_s: float) -> float:
     if t_ori is None:
         return quantum_s
     return min(quantum_s, max(QUANTUM_FLOOR_S, QUANTUM_PER_T_ORI * t_ori))
+
+
+def declared_long(run: Running, quantum_s: float) -> bool:
+    """Whether the run's client declared it at least ``quantum_s`` long (its T_ori)."""
+    return run.spec.t_ori_s is not None and run.spec.t_ori_s >= quantum_s
 
 
 def latest_start_s(ed: StateEditor, qa: QueuedAction) -> float | None:
@@ -146,11 +156,12 @@ def preempt_overdue(ed: StateEditor, cause: str, quantum_s: float) -> list[Decis
                 break
             short -= run.grant.cpu_millicores
             ran_s = ed.now_s - run.started_s
-            decisions.append(preempt(ed, run, f"ran {ran_s:.3g} s >= quantum {quantum_of(ed, run, quantum_s):.3g} s while work waits", cause))
+            why = f"ran {ran_s:.3g} s >= quantum {quantum_of(ed, run, quantum_s):.3g} s while work waits"
+            decisions.append(preempt(ed, run, why, cause, declared_long(run, quantum_s)))
     return decisions
 
 
-def preempt(ed: StateEditor, run: Running, reason: str, cause: str) -> PreemptAction:
+def preempt(ed: StateEditor, run: Running, reason: str, cause: str, known_long: bool = False) -> PreemptAction:
     """Give a running action's cores back to its node (its memory stays) and order it demoted."""
     cores = ResourceVector(cpu_millicores=run.grant.cpu_millicores)
     ed.give_cpu(run.node_id, cores, run.numa_millicores)
@@ -161,7 +172,7 @@ def preempt(ed: StateEditor, run: Running, reason: str, cause: str) -> PreemptAc
         run, grant=kept, numa_millicores=(), paused_since_s=ed.now_s, pause_cause=PREEMPTED
     )
     ed.touch(run.node_id)
-    return PreemptAction(run.spec.action_id, run.node_id, reason, cause)
+    return PreemptAction(run.spec.action_id, run.node_id, reason, cause, known_long=known_long)
 
 
 def next_quantum_s(ed: StateEditor, quantum_s: float) -> float | None:

@@ -333,7 +333,7 @@ class LiveExecutor(Executor):
         lowers its slot's CPU weight; it runs on and ends as it would have."""
         handle = self.handles.get(d.action_id)
         if handle is not None:
-            demote = asyncio.get_running_loop().run_in_executor(self.control_pool, handle.demote)
+            demote = asyncio.get_running_loop().run_in_executor(self.control_pool, handle.demote, d.known_long)
             self._spawn(_awaited(demote), f"preempt:{d.action_id}")
 
     def retry_action(self, d: RetryAction) -> None:

@@ -113,6 +113,20 @@ def test_a_demotion_wanted_before_the_run_counts_only_the_runs_own_cpu(manager: 
     assert not handle.demoted  # it used no CPU of its own
 
 
+def test_a_run_known_long_is_demoted_at_once_without_computing_first(manager: CpuManager, sandbox: str) -> None:
+    """``demote(at_once=True)`` (``PreemptAction.known_long``: a declared length already told
+    that the run is long) does not wait for ``MIN_CPU_S`` of its own CPU; a plain demotion
+    of the same sleeping run never lands (the test above and below)."""
+    handle = RunHandle()
+    runner = threading.Thread(target=lambda: manager.exec(sandbox, "sleep 0.6", timeout_s=20, handle=handle))
+    runner.start()
+    deadline = time.monotonic() + 5
+    while not handle.demote(at_once=True) and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the run has its slot and counts its own CPU
+    assert handle.demoted
+    runner.join(10)
+
+
 def test_a_demotion_retried_until_the_run_computes_starts_no_thread_per_try(
     manager: CpuManager, sandbox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

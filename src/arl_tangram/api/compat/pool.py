@@ -63,11 +63,12 @@ class ActionCancelled(asyncio.CancelledError):
 
 async def run_env_action(
     state: ApiState, tenant: str, env_id: str, kind: str, payload: ExecPayload, deadline_s: float | None = None,
-    *, settle: bool = False, watch: Callable[[ActionRecord], None] | None = None,
+    *, settle: bool = False, watch: Callable[[ActionRecord], None] | None = None, t_ori_s: float | None = None,
 ) -> ActionResult:  # fmt: skip
     """Submit one single-core action on the env (internal id) and await its one result
     (``deadline_s``: the caller's, ``ActionSpec.deadline_s``; ``watch`` is given the
-    action's record once it is submitted).
+    action's record once it is submitted; ``t_ori_s``: its expected run, when the caller
+    knows it, ``ActionSpec.t_ori_s``).
     ``Overloaded`` (or the runtime's limit errors) propagate with nothing queued. The
     result is acknowledged here: the caller holds the only copy it needs. A caller
     cancelled meanwhile cancels the action; with ``settle`` it then waits (up to
@@ -75,7 +76,7 @@ async def run_env_action(
     spec = ActionSpec(
         state.scoped(tenant, new_id("cx")), kind, Binding("env", env_id), tenant,
         demand_per_unit=ONE_CORE, key=ResourceKind.CPU, dop_min=1, dop_max=1, elasticity=NonElastic(),
-        timeout_s=payload.timeout_s, deadline_s=deadline_s,
+        timeout_s=payload.timeout_s, deadline_s=deadline_s, t_ori_s=t_ori_s,
     )  # fmt: skip
     record = state.submit(spec, payload, None)
     if watch is not None:
@@ -222,7 +223,8 @@ class CodeEnvPool:
         lock, ran a few iterations a second, issue 26.) What a borrower that timed out or was
         cancelled had been handed passes to the next."""
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        turn = Turn(future, *((None, None) if retry else (long, probing)), due=deadline - HOLD_MARGIN_S)
+        # a retry is never held back, but one known long goes after the other retries
+        turn = Turn(future, long, None if retry else probing, due=deadline - HOLD_MARGIN_S)
         bucket.lines.add(turn, retry)
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):

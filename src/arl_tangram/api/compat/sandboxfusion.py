@@ -206,7 +206,13 @@ async def _run_code(compat: CompatState, tenant: str, body: RunCodeRequest, retr
             r = await _run_step(compat, tenant, env_id, f"sf:compile:{lang.name}", _step(lang.compile, None, body.compile_timeout, cwd), end - body.run_timeout)
             compiled = command_result(r)
         if compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0):
-            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", _step(lang.run, body.stdin, body.run_timeout, cwd), end, probe.watch)
+            # a program seen long lately is declared so (its whole timeout): the core then
+            # demotes its run at the floor quantum instead of after the cap, and walks it after
+            # the short ones (``preemption.quantum_of``; its verdict is unchanged: a timeout
+            # is wall time from the start, demoted or not)
+            known_long = body.run_timeout if programs.is_long(program) else None
+            step = _step(lang.run, body.stdin, body.run_timeout, cwd)
+            r = await _run_step(compat, tenant, env_id, f"sf:run:{lang.name}", step, end, probe.watch, known_long)
             probe.end(long=r.outcome == "timed_out")
             run = command_result(r)
         status, message = overall_status(compiled, run)
@@ -261,15 +267,16 @@ def answer_by(body: RunCodeRequest) -> float:
 
 async def _run_step(
     compat: CompatState, tenant: str, env_id: str, kind: str, step: ExecPayload, end: float,
-    watch: Callable[[ActionRecord], None] | None = None,
+    watch: Callable[[ActionRecord], None] | None = None, t_ori_s: float | None = None,
 ) -> ActionResult:  # fmt: skip
     """One step, which must have ended by ``end`` (monotonic); one that cannot start in time
     raises ``Overloaded`` (-> 504, which verl retries) instead of running into verl's timeout.
-    ``watch``: given the step's action record (``compat.long_programs``)."""
+    ``watch``: given the step's action record (``compat.long_programs``); ``t_ori_s``: its
+    declared length (None: learned per kind)."""
     deadline_s = end - time.monotonic()
     if deadline_s <= step.timeout_s:
         raise Overloaded(f"{DEADLINE_PREFIX} no time left to run this step before the client's timeout", 1.0)
-    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s, settle=True, watch=watch)
+    r = await run_env_action(compat.api, tenant, env_id, kind, step, deadline_s, settle=True, watch=watch, t_ori_s=t_ori_s)
     if r.outcome == "rejected" and (r.cause or "").startswith(DEADLINE_PREFIX):
         raise Overloaded(r.cause or DEADLINE_PREFIX, 1.0)
     return r

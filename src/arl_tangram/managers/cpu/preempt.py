@@ -66,6 +66,7 @@ class RunHandle:
         self._timer: Timer | None = None  # on the shared ``RUN_TIMERS`` thread, not one thread per try
         self._demoted_at = 0.0  # monotonic
         self._wanted = False
+        self._at_once = False  # demoted without first using ``MIN_CPU_S`` (``demote``)
         self._counting = False  # the slot's CPU counters are this run's (``counting``)
         self.demoted = False  # the slot was demoted (read by tests and reports)
 
@@ -92,10 +93,14 @@ class RunHandle:
                 self._timer.cancel()
                 self._timer = None
 
-    def demote(self) -> bool:
-        """Demote the action now, or as soon as it has a slot; idempotent."""
+    def demote(self, at_once: bool = False) -> bool:
+        """Demote the action now, or as soon as it has a slot; idempotent. ``at_once``: the
+        run is known to be long (``PreemptAction.known_long``), so it need not first have
+        used ``MIN_CPU_S``: that rule tells a computing run from one that only waited for a
+        cpu, which a declared length already did."""
         with self._lock:
             self._wanted = True
+            self._at_once = self._at_once or at_once
             if self._at is not None and self._counting and not self.demoted:
                 self._demote_locked()
             return self.demoted
@@ -106,7 +111,7 @@ class RunHandle:
         if window_in_s <= 0:
             return  # near its limit: never demoted
         sandbox, slot = self._at
-        if sandbox.slot_cpu_s(slot) < MIN_CPU_S:
+        if not self._at_once and sandbox.slot_cpu_s(slot) < MIN_CPU_S:
             self._arm(min(RETRY_S, window_in_s), self._retry)
             return
         self.demoted = sandbox.demote(slot)
