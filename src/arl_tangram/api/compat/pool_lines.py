@@ -6,12 +6,14 @@ Four lines, each oldest first:
   whole timeout: short retries behind a crowd of them waited 6-10 s, measured);
 - ``waiters``: first attempts not known to run long;
 - ``held``: first attempts whose program is known to run long (``compat.long_programs``),
-  served after ``waiters``, or before them once due unless the front waiter is due too;
+  served after ``waiters``, or before them once due unless the front waiter or probing
+  turn is due too;
 - ``probing``: first attempts whose program's probe is in flight; never served until it
   ends (``recheck``: back to the front of ``waiters``, or to ``held``), or until due.
 A turn is due ``HOLD_MARGIN_S`` before its wait ends (its start-by time, by the client's
 deadline), so holding back does not turn into a 504 by itself while there is room. When
-there is not (a due held turn and a due waiter, one env), the waiter goes first: the long
+there is not (a due held turn and a due waiter or probing turn, one env), the latter goes
+first: the long
 run holds an env for its whole timeout, and what it costs is one 504 for a call whose
 retry is served first (``retries``), where the other way a short call would wait a whole
 retry (measured, ``bench verdicts`` 256-half-loop: 54 short calls answered 504 after
@@ -95,8 +97,8 @@ class Lines:
                 if turn.future.done():
                     line.popleft()
                 elif line is self.probing or (line is self.held and self.waiters):
-                    if turn.due > now or (line is self.held and self._front_waiter_due(now)):
-                        break  # not due, or a waiter not known to run long is due too: it goes first
+                    if turn.due > now or (line is self.held and self._unknown_due(now)):
+                        break  # not due, or a turn not known to run long is due too: it goes first
                     return line.popleft()
                 elif line is self.waiters and turn.is_probing():
                     self.probing.append(line.popleft())
@@ -117,9 +119,10 @@ class Lines:
                 return turn
         return self.retries.popleft() if self.retries else None
 
-    def _front_waiter_due(self, now: float) -> bool:
-        """Whether the oldest waiter still waiting is due (its start-by time is near)."""
-        return any(not turn.future.done() and turn.due <= now for turn in itertools.islice(self.waiters, 1))
+    def _unknown_due(self, now: float) -> bool:
+        """Whether the oldest waiter or probing turn is due (its start-by time is near)."""
+        fronts = itertools.chain(itertools.islice(self.waiters, 1), itertools.islice(self.probing, 1))
+        return any(not turn.future.done() and turn.due <= now for turn in fronts)
 
     def recheck(self) -> int:
         """Move the probing turns whose program's probe has ended back to the front of
