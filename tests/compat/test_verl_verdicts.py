@@ -85,3 +85,41 @@ def test_a_looping_programs_demoted_probe_marks_it_long_before_it_times_out(serv
     assert verdicts[:4] == [[-3] * 3] * 4 and all(v == [False, False, False] for v in verdicts[4:]), verdicts
     assert marked_s < 2.5, "the looping program was not known long before its runs timed out: no demotion reached the face"
     assert not any(programs.is_long(key("default", sent[code])) for code in shorts)
+
+
+def test_a_program_known_long_declares_its_later_runs_long(server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a program is known long, the face declares its later runs so (``t_ori_s`` = the
+    run's timeout): the core then demotes them at the floor quantum and the manager at once
+    (``preemption.declared_long``, ``PreemptAction.known_long``). Runs of a program never
+    seen long declare nothing (their kind's learned T_ori counts)."""
+    import time
+    from types import SimpleNamespace
+
+    from arl_tangram.api.compat import sandboxfusion
+    from arl_tangram.api.compat.long_programs import key
+
+    declared: dict[str, list[float | None]] = {}
+    real = sandboxfusion.run_env_action
+
+    async def recording(*args: object, **kwargs: object) -> object:
+        step = args[4]
+        declared.setdefault(bytes(step.stdin or b"").decode(), []).append(kwargs.get("t_ori_s"))  # type: ignore[attr-defined]
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandboxfusion, "run_env_action", recording)
+    looping = "while True:\n    pass\n# declared\n"
+    shorts = [f"input()\nprint({i} - 100)\n# declared\n" for i in range(12)]
+    programs = server.app.state.compat.long_programs
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(check_correctness, f"{server.url}/run_code", CASES, code, 3) for code in [looping] * 4 + shorts]
+        started = time.monotonic()
+        looping_key = key("default", SimpleNamespace(language="python", code=looping + "\n\n"))
+        while not programs.is_long(looping_key) and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        [f.result() for f in futures]
+    assert programs.is_long(looping_key)
+    declared.clear()
+    later = check_correctness(f"{server.url}/run_code", {"inputs": ["7 8\n"], "outputs": ["15\n"]}, looping, 3)[0]
+    short = check_correctness(f"{server.url}/run_code", {"inputs": ["9 9\n"], "outputs": ["18\n"]}, shorts[0].replace("# declared", "# fresh"), 3)[0]
+    assert later == [-3] and short == [False]
+    assert declared == {"7 8\n": [3.0], "9 9\n": [None]}, declared
