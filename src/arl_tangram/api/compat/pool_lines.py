@@ -13,12 +13,11 @@ Four lines, each oldest first:
 A turn is due ``HOLD_MARGIN_S`` before its wait ends (its start-by time, by the client's
 deadline), so holding back does not turn into a 504 by itself while there is room. When
 there is not (a due held turn and a due waiter or probing turn, one env), the latter goes
-first: the long
-run holds an env for its whole timeout, and what it costs is one 504 for a call whose
-retry is served first (``retries``), where the other way a short call would wait a whole
-retry (measured, ``bench verdicts`` 256-half-loop: 54 short calls answered 504 after
-every held sibling of a looping program became due at once and took the envs). A waiter's ``long`` and
-``probing`` are asked when it reaches the front of ``waiters`` (and by ``recheck``), so a
+first: the long run would hold the env for its whole timeout, and what this costs is one
+504 for the long call, whose retry is served before every first attempt (``retries``).
+(``bench verdicts`` 256-half-loop: the held siblings of the looping programs, all due at
+once, took every env while short calls were due too; those were answered 504.) A waiter's
+``long`` and ``probing`` are asked when it reaches the front of ``waiters`` (and by ``recheck``), so a
 program seen long later still counts. Event-loop thread only; no lock.
 """
 
@@ -40,8 +39,8 @@ HOLD_MARGIN_S = 1.5
 @dataclass(eq=False)
 class Turn:
     """A borrower waiting: ``future`` gets an env handed to it (or None: look again);
-    ``long`` / ``probing`` (None: never held back) say where it waits; from ``due``
-    (monotonic) on it is served first."""
+    ``long`` / ``probing`` (None: never held back) say where it waits (a retry's ``long``
+    only orders it among the retries); from ``due`` (monotonic) on it is served first."""
 
     future: asyncio.Future[str | None]
     long: Callable[[], bool] | None = None
@@ -85,8 +84,8 @@ class Lines:
 
     def next_turn(self) -> Turn | None:
         """The turn to serve next, taken out of its line; None when none may be served now.
-        Order: retries (``_next_retry``); a due held or probing turn; waiters (one found long moves to
-        ``held``, one found probing to ``probing``); held. Done (cancelled) turns are dropped."""
+        Order: retries (``_next_retry``); a due held (``_unknown_due``) or probing turn;
+        waiters (one found long moves to ``held``, one found probing to ``probing``); held. Done (cancelled) turns are dropped."""
         retry = self._next_retry()
         if retry is not None:
             return retry
