@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -120,7 +119,7 @@ class Lines:
 
     def _unknown_due(self, now: float) -> bool:
         """Whether the oldest waiter or probing turn is due (its start-by time is near)."""
-        fronts = itertools.chain(itertools.islice(self.waiters, 1), itertools.islice(self.probing, 1))
+        fronts = (line[0] for line in (self.waiters, self.probing) if line)
         return any(not turn.future.done() and turn.due <= now for turn in fronts)
 
     def recheck(self) -> int:

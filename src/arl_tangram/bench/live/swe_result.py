@@ -192,5 +192,5 @@ def _fitted(runs: dict[str, tuple[list[RolloutOutcome], float]], config: SweConf
     # which the v1 memory threshold's registration once matched here (issue 26: 2-3 ms now)
     overheads = [a.result.overhead_s for o in outs for a in o.actions]
     if overheads:
-        fitted["action_overhead_s"] = sum(overheads) / len(overheads)
+        fitted["action_overhead_s"] = statistics.fmean(overheads)
     return fitted
