@@ -354,3 +354,23 @@ def test_sandboxfusion_pool_size_is_read_and_reaches_the_face() -> None:
         with pytest.raises(ConfigError) as info:
             parse_config(f"[sandboxfusion]\n{text}\n", environ={})
         assert info.value.field == field and "integer >= 1" in info.value.rule
+
+
+def test_sandboxfusion_warm_envs_is_read_bounded_by_max_idle_and_reaches_the_face() -> None:
+    from fastapi import FastAPI
+
+    from arl_tangram.api.compat import mount_compat
+
+    config = parse_config("[sandboxfusion]\nmax_idle = 12\nwarm_envs = 12\n", environ={})
+    assert config.sandboxfusion.warm_envs == 12
+    app = FastAPI()
+    mount_compat(app, config=config)
+    assert app.state.compat_settings.warm_envs == 12
+    assert parse_config("", environ={}).sandboxfusion.warm_envs == 0
+    for text, rule in (("warm_envs = -1", "integer >= 0"), ("max_idle = 12\nwarm_envs = 13", "at most max_idle (12)")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"[sandboxfusion]\n{text}\n", environ={})
+        assert info.value.field == "sandboxfusion.warm_envs" and rule in info.value.rule
+    with pytest.raises(ConfigError) as info:
+        mount_compat(FastAPI(), max_idle=2, warm_envs=3)
+    assert info.value.field == "warm_envs" and "from 0 to max_idle (2)" in info.value.rule

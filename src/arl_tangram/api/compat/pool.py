@@ -193,6 +193,38 @@ class CodeEnvPool:
             self.creating.pop(env_id, None)
             self.starved.discard(env_id)
 
+    async def prewarm(self, tenant: str, mem_bytes: int, count: int, image: str = "host") -> int:
+        """Create up to ``count`` envs of (tenant, mem_bytes, image) now, all at once, and
+        keep them idle for the first borrowers; returns how many it created. Bounded by
+        ``max_envs``, ``max_idle`` and (when envs hold their limits) the nodes' memory, as a
+        burst of borrowers is. A creation that fails raises (a server that cannot make a
+        sandbox at start says so, rather than at the first call) once every creation has ended; those made stay in the pool."""
+        bucket = self._bucket(tenant, mem_bytes, image)
+        made: list[str] = []
+        while len(made) < min(count, self.max_idle - len(bucket.idle)) and self._room(bucket) > 0:
+            if not self._make_room(bucket, mem_bytes):
+                break
+            env_id = self.state.scoped(tenant, new_id("pool"))
+            bucket.live += 1
+            self.creating[env_id] = mem_bytes  # counted before its task runs, as ``acquire`` does
+            made.append(env_id)
+
+        async def create(env_id: str) -> None:
+            try:
+                await self._create(env_id, tenant, mem_bytes, image)
+            except BaseException:
+                self._gone(bucket)
+                raise
+            finally:
+                self.creating.pop(env_id, None)
+            self._pass_on(bucket, env_id)  # idle, or straight to a borrower already waiting
+
+        outcomes = await asyncio.gather(*(create(env_id) for env_id in made), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise failed[0]
+        return len(made)
+
     def _room(self, bucket: _Bucket) -> int:
         """How many more envs the bucket may create (``max_envs`` in all)."""
         return max(0, self.max_envs - bucket.live)

@@ -35,6 +35,7 @@ class CompatSettings:
     max_idle: int = DEFAULT_MAX_IDLE  # warm ones kept per (tenant, memory size)
     acquire_timeout_s: float = 60.0  # a code run waits this long for a sandbox, then 504
     default_mem_bytes: int = 1 << 30  # a code run's sandbox when memory_limit_MB <= 0
+    warm_envs: int = 0  # created per tenant at start, at ``default_mem_bytes`` (``CodeEnvPool.prewarm``)
 
 
 @dataclass
