@@ -29,6 +29,7 @@ from arl_tangram.managers.cpu.cgroup_driver import CgroupDriver
 from arl_tangram.managers.cpu.cgroup_kill import KILL_GRACE_S, is_host_level
 from arl_tangram.managers.cpu.cgroup_null import kill_tree
 from arl_tangram.managers.cpu.errors import CpuManagerError
+from arl_tangram.managers.cpu.exit_held import program_exit_held
 from arl_tangram.managers.cpu.fd_ready import readable
 from arl_tangram.managers.cpu.launch import (
     HOST_ENV,
@@ -43,7 +44,7 @@ from arl_tangram.managers.cpu.launch import (
     nsenter_argv,
 )
 from arl_tangram.managers.cpu.native_launcher import launcher_path
-from arl_tangram.managers.cpu.proc_io import OutputSink, PumpResult, pump
+from arl_tangram.managers.cpu.proc_io import EXIT_HOLD_S, OutputSink, PumpResult, pump
 from arl_tangram.managers.cpu.results import ExecResult, Outcome, classify
 from arl_tangram.managers.cpu.run_watch import RunWatcher
 from arl_tangram.managers.cpu.sandbox import Sandbox
@@ -52,7 +53,7 @@ from arl_tangram.managers.cpu.sandbox import Sandbox
 #: manager whose threads run late; set at the deadline itself it raced the manager's stop
 #: (a vfork spawn takes under a millisecond, a select wakes ~2 ms late), and won, so a
 #: demoted run was killed at its floor CPU weight instead of promoted first (``_stop``).
-LAUNCHER_BACKSTOP_MARGIN_S = 0.1
+LAUNCHER_BACKSTOP_MARGIN_S = EXIT_HOLD_S + 0.1  # after the wait for a held exit too (``exit_held``)
 #: how long a stop waits for the launcher to end its program on SIGTERM before SIGKILL
 STOP_ASK_S = 0.5
 #: how long the end of a run that killed tasks waits for them to be reaped (``settle_reaped``)
@@ -270,6 +271,7 @@ def _run(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
         stop_grace_s=req.kill_grace_s, paused_s=req.paused_s, watchers=req.watchers, started_fd=notice_r,
+        exit_held=lambda: program_exit_held(driver.slot_pids(sandbox.group, slot), proc.pid),
     )  # fmt: skip
     started = res.started_at
     # the launcher's own timer fired first (this thread ran late): a timeout all the same

@@ -26,6 +26,12 @@ _CANCEL_POLL_S = 0.05  # how often a cancel flag without a fileno is looked at
 #: with a started notice, how long past its timeout a program may take to be forked before
 #: its run is stopped (as timed out): a bound for a kernel stall, never reached in practice
 START_WAIT_S = 30.0
+#: how long past its deadline a run whose program has ended by itself (``exit_held``) is
+#: waited for while the kernel finishes its exit; then it is stopped as timed out. The
+#: stalls measured were 2-3 s (``exit_held``'s module doc); the bound only ends a wait
+#: that something else keeps going
+EXIT_HOLD_S = 5.0
+EXIT_POLL_S = 0.02  # how often a held exit is looked at again (the exit itself wakes the wait)
 _TAIL_BYTES = 64
 
 
@@ -84,6 +90,7 @@ def pump(
     paused_s: Callable[[], float] | None = None,
     watchers: Sequence[RunWatcher] = (),
     started_fd: int | None = None,
+    exit_held: Callable[[], bool] | None = None,
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
@@ -95,7 +102,9 @@ def pump(
     timeout or cancel, ``on_stop`` is called once (it must kill the process tree); the wait
     then continues until the process is gone, at most ``stop_grace_s`` (then ``proc`` is
     killed). A process whose exit is already pending when the deadline is noticed has ended
-    by itself and is not timed out. ``paused_s()`` (time it spent paused at its memory
+    by itself and is not timed out; so has one for which ``exit_held()`` is true at the
+    deadline (its program called ``exit`` and the kernel has not let it finish,
+    ``exit_held``): it is waited for, up to ``EXIT_HOLD_S`` past the deadline. ``paused_s()`` (time it spent paused at its memory
     limit) pushes the deadline back (read whenever the thread wakes, so at the deadline
     at the latest). A ``cancel`` with ``fileno()`` (``cancel_flag.CancelFlag``) wakes the
     wait when set; any other is polled every ``_CANCEL_POLL_S``. Called from one thread per
@@ -124,7 +133,7 @@ def pump(
     base_deadline = deadline = started_at + timeout_s + (START_WAIT_S if started_fd is not None else 0.0)
     if started_fd is not None:
         sel.register(started_fd, selectors.EVENT_READ, "started")
-    stopped = timed_out = cancelled = exited = False
+    stopped = timed_out = cancelled = exited = holding = False
     stop_at = killed_at = None
     watching = Watching(sel, watchers) if watchers else None
     try:
@@ -136,7 +145,8 @@ def pump(
                 deadline = base_deadline + paused_s()
             if not stopped:
                 is_cancel = cancel is not None and cancel.is_set()
-                if (now >= deadline or is_cancel) and not _exited(pidfd):
+                holding = not is_cancel and now >= deadline and _exit_held(exit_held, now - deadline)
+                if (now >= deadline or is_cancel) and not holding and not _exited(pidfd):
                     timed_out, cancelled, stopped = not is_cancel, is_cancel, True
                     stop_at = now
                     if watching is not None:
@@ -149,7 +159,7 @@ def pump(
             elif now >= deadline:
                 proc.kill()
                 break
-            wait = deadline - now
+            wait = EXIT_POLL_S if holding else deadline - now
             if cancel is not None and cancel_fd is None and not stopped:
                 wait = min(wait, _CANCEL_POLL_S)
             if watching is not None and not stopped and (due := watching.next_due()) is not None:
@@ -235,6 +245,12 @@ class Watching:
         for i in range(len(self._watchers)):
             self._unregister(i)
             self._due[i] = None
+
+
+def _exit_held(exit_held: Callable[[], bool] | None, past_s: float) -> bool:
+    """Whether a run at (``past_s`` past) its deadline is still waited for: its program
+    has ended by itself, within ``EXIT_HOLD_S``."""
+    return exit_held is not None and past_s < EXIT_HOLD_S and exit_held()
 
 
 def _exited(pidfd: int) -> bool:
