@@ -73,9 +73,10 @@ def _pump(seconds: float, held: bool | None) -> tuple[proc_io.PumpResult, float]
 def test_a_held_exit_at_the_deadline_is_waited_for_not_timed_out() -> None:
     res, wall = _pump(0.6, held=True)
     assert not res.timed_out and res.returncode == 0 and 0.5 < wall < 2.0
+    assert res.held_at is not None and 0.15 < res.held_at - res.started_at < 0.5
     for held in (False, None):  # the rule off, or a program still running: a timeout
         res, wall = _pump(0.6, held)
-        assert res.timed_out and res.returncode != 0 and wall < 0.5
+        assert res.timed_out and res.returncode != 0 and wall < 0.5 and res.held_at is None
 
 
 def test_a_held_exit_is_waited_for_only_so_long(monkeypatch: pytest.MonkeyPatch) -> None:

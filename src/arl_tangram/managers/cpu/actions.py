@@ -174,10 +174,13 @@ def _wait_exited(pid: int, timeout_s: float) -> bool:
 
 def _timings(spawn_s: float, started: float, res: PumpResult) -> dict[str, float]:
     """``spawn_s``; for a stopped run also ``stop_s`` (when its deadline or cancel was acted
-    on) and ``killed_s`` (when its processes were gone), both from its start."""
+    on) and ``killed_s`` (when its processes were gone), both from its start; for one whose
+    exit the kernel held at its deadline, ``exit_held_s`` (first seen held, from its start)."""
     out = {"spawn_s": spawn_s}
     if res.stop_at is not None and res.killed_at is not None:
         out.update(stop_s=res.stop_at - started, killed_s=res.killed_at - started)
+    if res.held_at is not None:
+        out["exit_held_s"] = res.held_at - started
     return out
 
 

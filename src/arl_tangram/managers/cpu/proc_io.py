@@ -73,6 +73,7 @@ class PumpResult:
     stop_at: float | None = None  # monotonic: when the deadline (or cancel) was acted on
     killed_at: float | None = None  # monotonic: when ``on_stop`` returned (the kill done)
     started_at: float = 0.0  # monotonic: when the timeout began counting
+    held_at: float | None = None  # monotonic: when its exit was first seen held at the deadline (``exit_held``)
 
 
 def pump(
@@ -134,7 +135,7 @@ def pump(
     if started_fd is not None:
         sel.register(started_fd, selectors.EVENT_READ, "started")
     stopped = timed_out = cancelled = exited = holding = False
-    stop_at = killed_at = None
+    stop_at = killed_at = held_at = None
     watching = Watching(sel, watchers) if watchers else None
     try:
         while not exited:
@@ -146,6 +147,8 @@ def pump(
             if not stopped:
                 is_cancel = cancel is not None and cancel.is_set()
                 holding = not is_cancel and now >= deadline and _exit_held(exit_held, now - deadline)
+                if holding and held_at is None:
+                    held_at = now
                 if (now >= deadline or is_cancel) and not holding and not _exited(pidfd):
                     timed_out, cancelled, stopped = not is_cancel, is_cancel, True
                     stop_at = now
@@ -186,7 +189,7 @@ def pump(
         _close(sel, proc, pidfd)
         if started_fd is not None:
             os.close(started_fd)
-    return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at, started_at)
+    return PumpResult(proc.returncode, out, err, timed_out, cancelled, stop_at, killed_at, started_at, held_at)
 
 
 @dataclass(frozen=True)
