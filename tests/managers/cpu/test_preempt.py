@@ -13,7 +13,7 @@ import pytest
 from arl_tangram.managers.cpu import preempt
 from arl_tangram.managers.cpu.manager import CpuManager
 from arl_tangram.managers.cpu.preempt import RunHandle
-from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES
+from arl_tangram.managers.cpu.sandbox import DEMOTED_SHARES, Sandbox
 
 # ~0.5 s of CPU, then a checksum that would differ if any step were lost or repeated
 PROGRAM = "python3 -c 'import time\nt=time.time(); s=0\nwhile time.time()-t < 0.6: s+=1\nprint(sum(range(10**6))); raise SystemExit(7)'"
@@ -125,6 +125,27 @@ def test_a_run_known_long_is_demoted_at_once_without_computing_first(manager: Cp
         time.sleep(0.02)  # until the run has its slot and counts its own CPU
     assert handle.demoted
     runner.join(10)
+
+
+def test_a_demotion_wanted_before_the_fork_lands_once_the_program_runs(
+    manager: CpuManager, sandbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run demoted at once, asked before it has even started, is demoted only once its
+    program is forked: its launcher joins the slot's cgroups at the normal weight (at the
+    floor weight it held the kernel's cgroup lock for seconds, ``RunHandle.counting``)."""
+    seen: list[int] = []
+    real = Sandbox.demote
+
+    def spying(self: Sandbox, slot: str) -> bool:
+        seen.append(len(manager.driver.slot_pids(self.group, slot)))  # the launcher, the program
+        return real(self, slot)
+
+    monkeypatch.setattr(Sandbox, "demote", spying)
+    handle = RunHandle()
+    handle.demote(at_once=True)  # wanted before the exec: applied when it may be
+    r = manager.exec(sandbox, "sleep 0.3", timeout_s=20, handle=handle)
+    assert r.outcome == "succeeded" and handle.demoted
+    assert seen and seen[0] >= 2, seen
 
 
 def test_a_demotion_retried_until_the_run_computes_starts_no_thread_per_try(

@@ -79,7 +79,9 @@ class ActionRequest:
     # served on the pumping thread while the program runs (``run_watch``): its memory
     # grant's watch
     watchers: tuple[RunWatcher, ...] = ()
-    # called once the slot's counters are reset: its CPU from then on is this run's
+    # called once the program is forked (the launcher's cgroup joins done; the slot's
+    # counters were reset before): its CPU from then on is this run's, and a demotion
+    # may land (``preempt.RunHandle.counting``)
     on_counting: Callable[[], None] | None = None
     armory: Armory | None = None  # the slot's armed launcher is used when there is one (``armed``)
 
@@ -257,8 +259,6 @@ def _run(
     cancel: threading.Event | None, t0: float,
 ) -> ExecResult:  # fmt: skip
     driver.reset_slot_counters(sandbox.group, slot)
-    if req.on_counting is not None:
-        req.on_counting()
     # the slot's count only: a kill in another slot is another action's outcome, and one file
     # (not one per slot) is read at each end of every run
     oom_before = driver.slot_oom_kills(sandbox.group, slot)
@@ -274,7 +274,7 @@ def _run(
         proc, stdin=req.stdin, timeout_s=req.timeout_s, cap_bytes=req.max_output_bytes, started=started,
         cancel=cancel, on_stop=lambda: _stop(driver, sandbox, slot, proc, req.kill_grace_s), on_output=req.on_output,
         stop_grace_s=req.kill_grace_s, paused_s=req.paused_s, watchers=req.watchers, started_fd=notice_r,
-        exit_held=lambda: program_exit_held(driver.slot_pids(sandbox.group, slot), proc.pid),
+        exit_held=lambda: program_exit_held(driver.slot_pids(sandbox.group, slot), proc.pid), on_started=req.on_counting,
     )  # fmt: skip
     started = res.started_at
     # the launcher's own timer fired first (this thread ran late): a timeout all the same

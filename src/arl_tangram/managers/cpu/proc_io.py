@@ -92,6 +92,7 @@ def pump(
     watchers: Sequence[RunWatcher] = (),
     started_fd: int | None = None,
     exit_held: Callable[[], bool] | None = None,
+    on_started: Callable[[], None] | None = None,
 ) -> PumpResult:
     """Feed ``stdin``, collect stdout/stderr (each chunk also to ``on_output`` as it is
     read, capped or not), and wait for ``proc``.
@@ -107,7 +108,8 @@ def pump(
     deadline (its program called ``exit`` and the kernel has not let it finish,
     ``exit_held``): it is waited for, up to ``EXIT_HOLD_S`` past the deadline. ``paused_s()`` (time it spent paused at its memory
     limit) pushes the deadline back (read whenever the thread wakes, so at the deadline
-    at the latest). A ``cancel`` with ``fileno()`` (``cancel_flag.CancelFlag``) wakes the
+    at the latest). ``on_started()`` is called once, on this thread, when the program is
+    forked (``started_fd`` turned readable; at once without it). A ``cancel`` with ``fileno()`` (``cancel_flag.CancelFlag``) wakes the
     wait when set; any other is polled every ``_CANCEL_POLL_S``. Called from one thread per
     process.
     """
@@ -134,6 +136,8 @@ def pump(
     base_deadline = deadline = started_at + timeout_s + (START_WAIT_S if started_fd is not None else 0.0)
     if started_fd is not None:
         sel.register(started_fd, selectors.EVENT_READ, "started")
+    elif on_started is not None:
+        on_started()
     stopped = timed_out = cancelled = exited = holding = False
     stop_at = killed_at = held_at = None
     watching = Watching(sel, watchers) if watchers else None
@@ -179,6 +183,8 @@ def pump(
                     if not stopped:
                         started_at = time.monotonic()
                         base_deadline = deadline = started_at + timeout_s
+                        if on_started is not None:
+                            on_started()
                 elif key.data == "stdin":
                     pending = _write_stdin(sel, proc, pending)
                 else:
