@@ -197,8 +197,9 @@ class CodeEnvPool:
         """Create up to ``count`` envs of (tenant, mem_bytes, image) now, all at once, and
         keep them idle for the first borrowers; returns how many it created. Bounded by
         ``max_envs``, ``max_idle`` and (when envs hold their limits) the nodes' memory, as a
-        burst of borrowers is. A creation that fails raises (a server that cannot make a
-        sandbox at start says so, rather than at the first call) once every creation has ended; those made stay in the pool."""
+        burst of borrowers is. A creation that fails raises once every creation has ended
+        (a server that cannot make a sandbox at start says so, rather than at the first
+        call); those made stay in the pool."""
         bucket = self._bucket(tenant, mem_bytes, image)
         made: list[str] = []
         while len(made) < min(count, self.max_idle - len(bucket.idle)) and self._room(bucket) > 0:

@@ -28,7 +28,7 @@ _CANCEL_POLL_S = 0.05  # how often a cancel flag without a fileno is looked at
 START_WAIT_S = 30.0
 #: how long past its deadline a run whose program has ended by itself (``exit_held``) is
 #: waited for while the kernel finishes its exit; then it is stopped as timed out. The
-#: stalls measured were 2-3 s (``exit_held``'s module doc); the bound only ends a wait
+#: stalls measured were 2.7-5 s (``exit_held``'s module doc); the bound only ends a wait
 #: that something else keeps going
 EXIT_HOLD_S = 5.0
 EXIT_POLL_S = 0.02  # how often a held exit is looked at again (the exit itself wakes the wait)
@@ -106,12 +106,13 @@ def pump(
     killed). A process whose exit is already pending when the deadline is noticed has ended
     by itself and is not timed out; so has one for which ``exit_held()`` is true at the
     deadline (its program called ``exit`` and the kernel has not let it finish,
-    ``exit_held``): it is waited for, up to ``EXIT_HOLD_S`` past the deadline. ``paused_s()`` (time it spent paused at its memory
-    limit) pushes the deadline back (read whenever the thread wakes, so at the deadline
-    at the latest). ``on_started()`` is called once, on this thread, when the program is
-    forked (``started_fd`` turned readable; at once without it). A ``cancel`` with ``fileno()`` (``cancel_flag.CancelFlag``) wakes the
-    wait when set; any other is polled every ``_CANCEL_POLL_S``. Called from one thread per
-    process.
+    ``exit_held``): it is waited for, up to ``EXIT_HOLD_S`` past the deadline.
+    ``paused_s()`` (time it spent paused at its memory limit) pushes the deadline back
+    (read whenever the thread wakes, so at the deadline at the latest). ``on_started()``
+    is called once, on this thread, when the program is forked (``started_fd`` turned
+    readable; at once without it). A ``cancel`` with ``fileno()``
+    (``cancel_flag.CancelFlag``) wakes the wait when set; any other is polled every
+    ``_CANCEL_POLL_S``. Called from one thread per process.
     """
     out = StreamBuffer(cap_bytes, bytearray(), name="stdout", sink=on_output)
     err = StreamBuffer(cap_bytes, bytearray(), name="stderr", sink=on_output)
