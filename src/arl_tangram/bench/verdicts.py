@@ -35,6 +35,7 @@ from typing import Any
 
 from arl_tangram.bench.overhead_http import server_process
 from arl_tangram.bench.verdicts_baseline import baseline_server
+from arl_tangram.runtime.config_sandboxfusion import DEFAULT_MAX_IDLE
 
 CASES = {"inputs": ["1 2\n", "3 4\n", "5 6\n"], "outputs": ["3\n", "7\n", "11\n"]}
 CORRECT = ("a, b = map(int, input().split())\nprint(a + b)\n", True)
@@ -47,7 +48,7 @@ _BATCHES = itertools.count()  # numbers the batches of calls (``run_calls``)
 #: the server's pool is created at start, as a deployment sized for the batch has it by its
 #: second step (``[sandboxfusion] warm_envs``; the pool's default size): the first measured
 #: run would otherwise pay for creating most of its sandboxes
-WARM_ENVS = 64
+WARM_ENVS = DEFAULT_MAX_IDLE
 QUANTUM_S = 0.1  # assumption: the cap of a first quantum, ~2x a short python program on this host (0.03-0.06 s of CPU)
 
 

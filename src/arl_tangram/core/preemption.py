@@ -147,16 +147,13 @@ def preempt_overdue(ed: StateEditor, cause: str, quantum_s: float) -> list[Decis
         short = want[node_id] - (free.free_millicores if free is not None else 0)
         if short <= 0:
             continue
-        overdue = sorted(
-            (r for r in ed.running.values() if r.node_id == node_id and is_preemptible(r) and ed.now_s - r.started_s >= quantum_of(ed, r, quantum_s)),
-            key=lambda r: (r.started_s, r.seq),
-        )  # fmt: skip
-        for run in overdue:
+        quanta = ((r, quantum_of(ed, r, quantum_s)) for r in ed.running.values() if r.node_id == node_id and is_preemptible(r))
+        overdue = sorted(((r, q) for r, q in quanta if ed.now_s - r.started_s >= q), key=lambda rq: (rq[0].started_s, rq[0].seq))
+        for run, quantum in overdue:
             if short <= 0:
                 break
             short -= run.grant.cpu_millicores
-            ran_s = ed.now_s - run.started_s
-            why = f"ran {ran_s:.3g} s >= quantum {quantum_of(ed, run, quantum_s):.3g} s while work waits"
+            why = f"ran {ed.now_s - run.started_s:.3g} s >= quantum {quantum:.3g} s while work waits"
             decisions.append(preempt(ed, run, why, cause, declared_long(run, quantum_s)))
     return decisions
 

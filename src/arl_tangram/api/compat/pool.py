@@ -184,14 +184,7 @@ class CodeEnvPool:
         self.creating[env_id] = mem_bytes  # counted before its task runs: concurrent borrowers see it
         if starved:
             self.starved.add(env_id)  # until it is placed, envs coming back are released, not kept
-        try:
-            return await self._create(env_id, tenant, mem_bytes, image)
-        except BaseException:
-            self._gone(bucket)
-            raise
-        finally:
-            self.creating.pop(env_id, None)
-            self.starved.discard(env_id)
+        return await self._create_counted(bucket, env_id, tenant, mem_bytes, image)
 
     async def prewarm(self, tenant: str, mem_bytes: int, count: int, image: str = "host") -> int:
         """Create up to ``count`` envs of (tenant, mem_bytes, image) now, all at once, and
@@ -211,13 +204,7 @@ class CodeEnvPool:
             made.append(env_id)
 
         async def create(env_id: str) -> None:
-            try:
-                await self._create(env_id, tenant, mem_bytes, image)
-            except BaseException:
-                self._gone(bucket)
-                raise
-            finally:
-                self.creating.pop(env_id, None)
+            await self._create_counted(bucket, env_id, tenant, mem_bytes, image)
             self._pass_on(bucket, env_id)  # idle, or straight to a borrower already waiting
 
         outcomes = await asyncio.gather(*(create(env_id) for env_id in made), return_exceptions=True)
@@ -311,6 +298,18 @@ class CodeEnvPool:
                 free += sandbox.mem_bytes if sandbox is not None else 0
                 self._drop(env_id)
         return free >= mem_bytes
+
+    async def _create_counted(self, bucket: _Bucket, env_id: str, tenant: str, mem_bytes: int, image: str) -> str:
+        """Create ``env_id``, already counted in ``bucket.live`` and ``creating``; it leaves
+        ``creating`` (and ``starved``) either way, and a failure counts it out of the bucket."""
+        try:
+            return await self._create(env_id, tenant, mem_bytes, image)
+        except BaseException:
+            self._gone(bucket)
+            raise
+        finally:
+            self.creating.pop(env_id, None)
+            self.starved.discard(env_id)
 
     async def _create(self, env_id: str, tenant: str, mem_bytes: int, image: str) -> str:
         spec = EnvSpec(env_id, mem_bytes, tenant, "", image=image, workspace_bytes=max(512 << 20, mem_bytes // 2))
