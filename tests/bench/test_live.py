@@ -20,6 +20,7 @@ import pytest
 
 from arl_tangram.bench import live
 from arl_tangram.bench.live import coding, coding_runner
+from arl_tangram.bench.live.coding_ceiling import reachable
 from arl_tangram.bench.live.coding_plan import (
     Calibration,
     CodingConfig,
@@ -27,7 +28,6 @@ from arl_tangram.bench.live.coding_plan import (
     TrajectoryPlan,
     make_plans,
 )
-from arl_tangram.bench.live.coding_replay import srpt_replay
 from arl_tangram.bench.live.coding_result import ideal_mean_act_s, ideal_step_s
 from arl_tangram.bench.live.common import Progress, SystemRun
 from arl_tangram.bench.live.report import _cores_over_time, quantile
@@ -90,7 +90,7 @@ def test_the_ideal_gives_each_test_run_the_whole_pool_and_nothing_a_queue() -> N
     assert ideal_step_s([outcome, outcome], 1, 0.5, 2) == pytest.approx(20.0 - (5.11 + 6.01 + 5.76) + (0.11 + 0.76 + 0.76))
 
 
-def test_the_srpt_replay_serves_the_runs_on_the_pool_cores_shortest_first() -> None:
+def test_the_references_keep_the_pools_cores_srpt_preempts_and_whole_runs_queue() -> None:
     def record(category: str, kind: str, submitted_s: float, exec_s: float, dop: int = 1, queue_s: float = 0.0) -> coding.ActionRecord:
         result = ActionResult("a", kind, "succeeded", queue_s=queue_s, exec_s=exec_s, overhead_s=0.01, dop=dop)
         return coding.ActionRecord(category, kind, submitted_s, result)
@@ -100,13 +100,18 @@ def test_the_srpt_replay_serves_the_runs_on_the_pool_cores_shortest_first() -> N
     first.actions += [record("env", "test", -0.5, 0.75, dop=2, queue_s=0.5), record("reward", "reward", 9.0, 0.2, queue_s=0.3)]
     second = coding.TrajectoryOutcome(TrajectoryPlan(1, "toy/add", "canonical", (1.0,) * 5), 0.0)
     second.actions += [record("env", "lint", 0.5, 0.25)]
-    # one core, s = 0.5: the test (1.0 s at one core) arrives at 0 and runs; the lint arriving at
-    # 0.5 preempts it and ends at 0.75; the test ends at 1.25; the reward keeps its measured ACT
-    out = srpt_replay([first, second], serial_fraction=0.5, cores=1)
+    # one core, s = 0.5: the test (1.0 s at one core) arrives at 0; the lint arrives at 0.5.
+    # SRPT: the lint preempts the test and ends at 0.75, the test at 1.25
+    out = reachable([first, second], serial_fraction=0.5, cores=1)
     test_act, lint_act, reward_act = 1.25 + 0.01 + 0.5, 0.25 + 0.01, 0.5 + 0.01
     assert out["srpt_replay_env_mean_act_s"] == pytest.approx((test_act + lint_act) / 2)
     assert out["srpt_replay_mean_act_s"] == pytest.approx((test_act + lint_act + reward_act) / 3)
-    assert srpt_replay([], 0.5, 1) == {}
+    # whole runs: at best the test runs 0-1 and the lint 1-1.25 (flows 1.0 and 0.75); with no
+    # core limit they would be 1.0 and 0.25; the bound lies between (plus overhead and wait)
+    best_s, ideal_s = (1.0 + 0.75) / 2 + 0.01 + 0.25, (1.0 + 0.25) / 2 + 0.01 + 0.25
+    assert ideal_s + 0.05 < out["bound_env_mean_act_s"] <= best_s + 1e-9
+    assert out["bound_mean_act_s"] == pytest.approx((out["bound_env_mean_act_s"] * 2 + reward_act) / 3)
+    assert reachable([], 0.5, 1) == {}
 
 
 def test_report_quantiles_and_cores_over_time() -> None:
@@ -139,6 +144,7 @@ def test_coding_on_every_system_finishes_every_trajectory_with_right_verdicts() 
     assert (result.fitted["attempts_max"], result.fitted["retry_fraction"]) == (2, 0.5)  # the live shape, for the simulator
     assert s["ideal_mean_act_s"] > 0 and s["act_gain_ceiling"] > 0 and 0 < s["ideal_step_s"] <= s["step_s"]["tangram"]
     assert s["ideal_mean_act_s"] <= s["srpt_replay_mean_act_s"] and s["act_gain_srpt_replay"] <= s["act_gain_ceiling"]
+    assert s["ideal_mean_act_s"] <= s["bound_mean_act_s"] and s["act_gain_ceiling_whole_runs"] <= s["act_gain_ceiling"]
 
 
 @needs_root

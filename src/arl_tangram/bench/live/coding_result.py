@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from arl_tangram.bench.live.coding_ceiling import reachable
 from arl_tangram.bench.live.coding_plan import Calibration, CodingConfig, Problem
 from arl_tangram.bench.live.coding_records import ActionRecord, TrajectoryOutcome
-from arl_tangram.bench.live.coding_replay import srpt_replay
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 
 TANGRAM = "tangram"
@@ -107,10 +107,16 @@ def _summary(
         ideal_s, ideal_step = ideal_mean_act_s(outcomes, s, cores), ideal_step_s(outcomes, config.num_trajectories, s, cores)
         summary.update(ideal_mean_act_s=ideal_s, act_gain_ceiling=_ratio(best_act.mean_act_s, ideal_s),
                        ideal_step_s=ideal_step, step_gain_ceiling=_ratio(best_step.step_s, ideal_step))  # fmt: skip
-        replay = srpt_replay(outcomes, s, cores)
-        if replay:  # what a clairvoyant shortest-remaining-first would have reached (``coding_replay``)
-            summary.update(replay, act_gain_srpt_replay=_ratio(best_act.mean_act_s, replay["srpt_replay_mean_act_s"]),
-                           env_act_gain_srpt_replay=_ratio(best_act.extra["mean_env_act_s"], replay["srpt_replay_env_mean_act_s"]))  # fmt: skip
+        reach = reachable(outcomes, s, cores)  # ``coding_ceiling``: the bound of whole runs, a clairvoyant SRPT
+        if reach:
+            env_s = best_act.extra["mean_env_act_s"]
+            summary.update(
+                reach,
+                act_gain_ceiling_whole_runs=_ratio(best_act.mean_act_s, reach["bound_mean_act_s"]),
+                env_act_gain_ceiling_whole_runs=_ratio(env_s, reach["bound_env_mean_act_s"]),
+                act_gain_srpt_replay=_ratio(best_act.mean_act_s, reach["srpt_replay_mean_act_s"]),
+                env_act_gain_srpt_replay=_ratio(env_s, reach["srpt_replay_env_mean_act_s"]),
+            )
     return summary
 
 

@@ -66,8 +66,8 @@ def sentence(result: WorkloadResult) -> str:
 def _also(result: WorkloadResult) -> list[str]:
     """What the gains leave out, where the workload measured it: the resources reserved
     against the baseline's, the rewards or 429s the others lost, and the run's ACT ceiling
-    (and what a clairvoyant scheduler reached on its arrivals, ``coding_replay``) when the
-    ACT gain falls short of it being a win."""
+    (and, from ``coding_ceiling``, the bound for whole runs and a clairvoyant scheduler's
+    replay) when the ACT gain falls short of it being a win."""
     s, out = result.summary, []
     base = s.get("best_baseline", "the baseline")
     ratio = s.get("reserved_ratio")
@@ -86,7 +86,9 @@ def _also(result: WorkloadResult) -> list[str]:
     ceiling, act = s.get("act_gain_ceiling"), s.get("act_gain")
     if isinstance(ceiling, int | float) and isinstance(act, int | float) and act < WIN and math.isfinite(ceiling):
         out.append(f"On this run's cores no scheduler could beat {base}'s ACT by more than {ceiling:.2f}x.")
-        replay = s.get("act_gain_srpt_replay")
+        whole, replay = s.get("act_gain_ceiling_whole_runs"), s.get("act_gain_srpt_replay")
+        if isinstance(whole, int | float) and math.isfinite(whole):
+            out.append(f"Running each action whole on cores of its own (as here), none could beat {whole:.2f}x on these arrivals.")
         if isinstance(replay, int | float) and math.isfinite(replay):
             out.append(f"Shortest-remaining-first knowing every run's length, on the same arrivals, would reach {replay:.2f}x.")
     return out
