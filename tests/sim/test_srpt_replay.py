@@ -19,6 +19,7 @@ def test_each_core_serves_the_least_remaining_and_a_freed_core_is_reused() -> No
     assert srpt_flow_times([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], cores=2) == pytest.approx([1.0, 2.0, 4.0])
     # an idle gap before a late arrival, and a zero-length job
     assert srpt_flow_times([0.0, 5.0, 5.0], [1.0, 0.0, 2.0], cores=1) == pytest.approx([1.0, 0.0, 2.0])
+    assert srpt_flow_times([-2.0, -1.5], [1.0, 1.0], cores=1) == pytest.approx([1.0, 1.5]), "times before zero"
 
 
 def test_on_one_core_no_order_of_whole_runs_has_a_lower_total() -> None:

@@ -33,7 +33,7 @@ def srpt_flow_times(arrivals_s: Sequence[float], sizes_s: Sequence[float], cores
     left = [float(s) for s in sizes_s]
     flow = [0.0] * len(left)
     active: list[int] = []
-    now, nxt = 0.0, 0
+    now, nxt = float("-inf"), 0  # arrivals may be negative (relative to a run's start)
     while nxt < len(order) or active:
         if not active:
             now = max(now, arrivals_s[order[nxt]])
