@@ -30,7 +30,8 @@ import statistics
 from dataclasses import dataclass
 
 from arl_tangram.bench.live.coding_records import TrajectoryOutcome
-from arl_tangram.sim.bound import DOP_INFEASIBLE, BoundInstance, capacity_bound
+from arl_tangram.core.elasticity import Amdahl
+from arl_tangram.sim.bound import BoundInstance, amdahl_row, capacity_bound
 from arl_tangram.sim.srpt_replay import srpt_flow_times
 
 # The bound's resolution: the runs last 0.02-0.4 s, so 0.5-s bins (the SWE workload's) leave
@@ -46,33 +47,27 @@ STEP = 0.05
 @dataclass(frozen=True)
 class _Env:
     arrivals: list[float]
-    at_one: list[float]  # run time at one core
-    rows: list[list[float]]  # run time at DoP 1..cores (inf where not allowed)
+    rows: list[list[float]]  # run time at DoP 1..m (only DoP 1 for a lint); row[0] at one core
     waited: list[float]  # env start-up wait charged to the action
     overheads: list[float]
     rewards: list[float]  # reward ACTs, as measured
 
 
-def _amdahl(serial_fraction: float, m: int) -> float:
-    return serial_fraction + (1 - serial_fraction) / max(1, m)
-
-
 def _env_actions(outcomes: list[TrajectoryOutcome], serial_fraction: float, cores: int) -> _Env:
-    env = _Env([], [], [], [], [], [])
+    env = _Env([], [], [], [], [])
+    curve = Amdahl(serial_fraction)
     for o in outcomes:
         for index, a in enumerate(o.actions):
             if a.category != "env":
                 env.rewards.append(a.act_s)
                 continue
             waited = o.env_wait_s if index == 0 else 0.0  # ``coding._action`` moved its submission back by it
-            at_one = max(0.0, a.result.exec_s)
-            if a.kind == "test":
-                at_one /= _amdahl(serial_fraction, int(a.result.dop or 1))
-                env.rows.append([at_one * _amdahl(serial_fraction, m) for m in range(1, cores + 1)])
+            exec_s = max(0.0, a.result.exec_s)
+            if a.kind == "test":  # rescaled to one core from the DoP it ran at
+                env.rows.append(amdahl_row(exec_s * curve.speedup(int(a.result.dop or 1)), serial_fraction, 1, cores))
             else:
-                env.rows.append([at_one, *[DOP_INFEASIBLE] * (cores - 1)])
+                env.rows.append([exec_s])
             env.arrivals.append(a.submitted_s + waited)
-            env.at_one.append(at_one)
             env.waited.append(waited)
             env.overheads.append(a.result.overhead_s)
     return env
@@ -84,7 +79,7 @@ def reachable(outcomes: list[TrajectoryOutcome], serial_fraction: float, cores: 
     env = _env_actions(outcomes, serial_fraction, cores)
     if not env.arrivals:
         return {}
-    replay = [f + o + w for f, o, w in zip(srpt_flow_times(env.arrivals, env.at_one, cores), env.overheads, env.waited, strict=True)]
+    replay = [f + o + w for f, o, w in zip(srpt_flow_times(env.arrivals, [row[0] for row in env.rows], cores), env.overheads, env.waited, strict=True)]
     inst = BoundInstance.of(env.arrivals, env.rows, max(1, cores), max(0.0, min(env.overheads)))
     bound = capacity_bound(inst, bin_s=BIN_S, iterations=ITERATIONS, window_bins=WINDOW_BINS, step=STEP)
     bound_env_s = bound.mean_s + statistics.fmean(env.waited)
