@@ -28,8 +28,10 @@ from arl_tangram.bench.live.coding_plan import (
     TrajectoryPlan,
     make_plans,
 )
+from arl_tangram.bench.live.coding_queue import queue_anatomy
 from arl_tangram.bench.live.coding_result import ideal_mean_act_s, ideal_step_s
-from arl_tangram.bench.live.common import Progress, SystemRun
+from arl_tangram.bench.live.common import Progress, SystemRun, WorkloadResult
+from arl_tangram.bench.live.headline import headline
 from arl_tangram.bench.live.report import _cores_over_time, quantile
 from arl_tangram.runtime.actions import ActionResult
 from tests.managers.cpu.conftest import needs_root
@@ -114,6 +116,46 @@ def test_the_references_keep_the_pools_cores_srpt_preempts_and_whole_runs_queue(
     assert reachable([], 0.5, 1) == {}
 
 
+def test_queue_anatomy_names_what_held_the_cores_when_each_action_arrived() -> None:
+    def record(kind: str, submitted_s: float, queue_s: float, exec_s: float, dop: int = 1) -> coding.ActionRecord:
+        result = ActionResult("a", kind, "succeeded", queue_s=queue_s, exec_s=exec_s, overhead_s=0.0, dop=dop)
+        return coding.ActionRecord("env", kind, submitted_s, result)
+
+    def trajectory(n: int, *actions: coding.ActionRecord, env_wait_s: float = 0.0) -> coding.TrajectoryOutcome:
+        out = coding.TrajectoryOutcome(TrajectoryPlan(n, "toy/add", "canonical", (1.0,) * 5), 0.0)
+        out.env_wait_s = env_wait_s
+        out.actions += actions
+        return out
+
+    # two cores: two tests hold both from 0 to 1; a third test (arrived 0.1, after 0.3 s of
+    # env start-up it was charged and moved back by) and a lint (0.2) wait for them; a lint at
+    # 1.95 waits 0.1 behind a single test of DoP 1 (not "behind tests": a core was free)
+    outcomes = [
+        trajectory(0, record("test", 0.0, 0.0, 1.0), record("lint", 1.95, 0.1, 0.1)),
+        trajectory(1, record("test", 0.0, 0.0, 1.0)),
+        trajectory(2, record("test", -0.2, 0.3 + 0.9, 1.0), env_wait_s=0.3),
+        trajectory(3, record("lint", 0.2, 0.8, 0.1), record("test", 1.4, 0.0, 0.5)),
+    ]
+    out = queue_anatomy(outcomes, cores=2, num_actions=8)
+    waited = 0.9 + 0.8 + 0.1
+    assert out["env_queue_share"] == pytest.approx({"test_behind_tests": 0.9 / waited, "lint_behind_tests": 0.8 / waited, "other": 0.1 / waited})
+    assert out["env_queue_mean_s"] == pytest.approx(waited / 6) and out["env_start_wait_mean_s"] == pytest.approx(0.3 / 6)
+    assert out["lint_queue_per_action_s"] == pytest.approx(0.8 / 8)
+    # one test at DoP 2 holds both cores too; at DoP 1 on two cores it does not
+    wide = [trajectory(0, record("test", 0.0, 0.0, 1.0, dop=2)), trajectory(1, record("lint", 0.5, 0.5, 0.1))]
+    assert queue_anatomy(wide, cores=2, num_actions=2)["env_queue_share"]["lint_behind_tests"] == 1.0
+    assert queue_anatomy(wide, cores=3, num_actions=2)["env_queue_share"]["other"] == 1.0
+    assert queue_anatomy([], cores=2, num_actions=0) == {}
+
+
+def test_the_headline_says_what_the_coding_queue_waited_behind_when_coding_does_not_win() -> None:
+    summary = {"act_gain": 0.96, "step_gain": 1.0, "act_gain_ceiling": 1.5, "best_baseline": "k8s-burstable", "act_gain_lints_never_behind_tests": 1.04,
+               "queue_anatomy": {"env_queue_share": {"test_behind_tests": 0.6, "lint_behind_tests": 0.25, "other": 0.15}}}  # fmt: skip
+    text = headline([WorkloadResult("coding", [], summary, {})])
+    assert "60% was test runs waiting" in text and "25% lints waiting behind tests" in text and "at most 1.04x" in text
+    assert "lints waiting" not in headline([WorkloadResult("coding", [], dict(summary, act_gain=1.3), {})])  # a win says no more
+
+
 def test_report_quantiles_and_cores_over_time() -> None:
     assert quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0 and quantile([1.0, 2.0], 0.99) == 2.0
     assert math.isnan(quantile([], 0.5))
@@ -145,6 +187,8 @@ def test_coding_on_every_system_finishes_every_trajectory_with_right_verdicts() 
     assert s["ideal_mean_act_s"] > 0 and s["act_gain_ceiling"] > 0 and 0 < s["ideal_step_s"] <= s["step_s"]["tangram"]
     assert s["ideal_mean_act_s"] <= s["srpt_replay_mean_act_s"] and s["act_gain_srpt_replay"] <= s["act_gain_ceiling"]
     assert s["ideal_mean_act_s"] <= s["bound_mean_act_s"] and s["act_gain_ceiling_whole_runs"] <= s["act_gain_ceiling"]
+    assert sum(s["queue_anatomy"]["env_queue_share"].values()) in (0.0, pytest.approx(1.0))
+    assert s["act_gain_lints_never_behind_tests"] >= s["act_gain"]
 
 
 @needs_root

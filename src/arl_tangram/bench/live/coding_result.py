@@ -16,6 +16,7 @@ from typing import Any
 
 from arl_tangram.bench.live.coding_ceiling import reachable
 from arl_tangram.bench.live.coding_plan import Calibration, CodingConfig, Problem
+from arl_tangram.bench.live.coding_queue import queue_anatomy
 from arl_tangram.bench.live.coding_records import ActionRecord, TrajectoryOutcome
 from arl_tangram.bench.live.common import SystemRun, WorkloadResult
 
@@ -117,6 +118,10 @@ def _summary(
                 act_gain_srpt_replay=_ratio(best_act.mean_act_s, reach["srpt_replay_mean_act_s"]),
                 env_act_gain_srpt_replay=_ratio(env_s, reach["srpt_replay_env_mean_act_s"]),
             )
+        anatomy = queue_anatomy(outcomes, cores, len(tangram.act_s))  # ``coding_queue``: what the env actions waited behind
+        if anatomy:
+            lints_pass_s = tangram.mean_act_s - float(anatomy["lint_queue_per_action_s"])  # type: ignore[arg-type]
+            summary.update(queue_anatomy=anatomy, act_gain_lints_never_behind_tests=_ratio(best_act.mean_act_s, lints_pass_s))
     return summary
 
 

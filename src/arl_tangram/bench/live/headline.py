@@ -91,7 +91,18 @@ def _also(result: WorkloadResult) -> list[str]:
             out.append(f"Running each action whole on cores of its own (as here), none could beat {whole:.2f}x on these arrivals.")
         if isinstance(replay, int | float) and math.isfinite(replay):
             out.append(f"Shortest-remaining-first knowing every run's length, on the same arrivals, would reach {replay:.2f}x.")
+        out += _queue_line(s)
     return out
+
+
+def _queue_line(s: dict[str, Any]) -> list[str]:
+    """From ``coding_queue``: how much of the queue was tests behind tests (capacity) and
+    lints behind tests (what letting short actions pass could take away, at most)."""
+    share, lints = s.get("queue_anatomy", {}).get("env_queue_share"), s.get("act_gain_lints_never_behind_tests")
+    if not isinstance(share, dict) or not isinstance(lints, int | float):
+        return []
+    return [f"Of its env queue time, {share.get('test_behind_tests', 0):.0%} was test runs waiting for the test runs holding every core and "
+            f"{share.get('lint_behind_tests', 0):.0%} lints waiting behind tests; had no lint waited there it would reach at most {lints:.2f}x."]
 
 
 def headline(results: Sequence[WorkloadResult]) -> str:
