@@ -18,6 +18,7 @@ every core of the pool (DoPs summing to ``cores`` or more).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from arl_tangram.bench.live.coding_records import TrajectoryOutcome
 
@@ -56,7 +57,7 @@ def _cause(run: _Run, runs: list[_Run], cores: int) -> str:
     return "other"
 
 
-def queue_anatomy(outcomes: list[TrajectoryOutcome], cores: int, num_actions: int) -> dict[str, object]:
+def queue_anatomy(outcomes: list[TrajectoryOutcome], cores: int, num_actions: int) -> dict[str, Any]:
     """``env_queue_share``: each cause's share of the env actions' scheduler queue time (the
     shares sum to 1 when anything waited); ``env_queue_mean_s``: that time per env action;
     ``env_start_wait_mean_s``: the env start-up wait per env action, apart;

@@ -120,7 +120,7 @@ def _summary(
             )
         anatomy = queue_anatomy(outcomes, cores, len(tangram.act_s))  # ``coding_queue``: what the env actions waited behind
         if anatomy:
-            lints_pass_s = tangram.mean_act_s - float(anatomy["lint_queue_per_action_s"])  # type: ignore[arg-type]
+            lints_pass_s = tangram.mean_act_s - anatomy["lint_queue_per_action_s"]
             summary.update(queue_anatomy=anatomy, act_gain_lints_never_behind_tests=_ratio(best_act.mean_act_s, lints_pass_s))
     return summary
 
