@@ -57,11 +57,10 @@ def _env_actions(outcomes: list[TrajectoryOutcome], serial_fraction: float, core
     env = _Env([], [], [], [], [])
     curve = Amdahl(serial_fraction)
     for o in outcomes:
-        for index, a in enumerate(o.actions):
+        for a, waited in o.with_env_wait():
             if a.category != "env":
                 env.rewards.append(a.act_s)
                 continue
-            waited = o.env_wait_s if index == 0 else 0.0  # ``coding._action`` moved its submission back by it
             exec_s = max(0.0, a.result.exec_s)
             if a.kind == "test":  # rescaled to one core from the DoP it ran at
                 env.rows.append(amdahl_row(exec_s * curve.speedup(int(a.result.dop or 1)), serial_fraction, 1, cores))

@@ -39,10 +39,9 @@ def _env_runs(outcomes: list[TrajectoryOutcome]) -> tuple[list[_Run], float]:
     """The env actions as runs, and the env start-up wait charged to first actions."""
     runs, env_start_s = [], 0.0
     for o in outcomes:
-        for index, a in enumerate(o.actions):
+        for a, extra in o.with_env_wait():
             if a.category != "env":
                 continue
-            extra = o.env_wait_s if index == 0 else 0.0  # ``coding._action`` added it to the queue
             started = a.submitted_s + a.result.queue_s
             ended = started + a.result.exec_s + a.result.overhead_s
             runs.append(_Run(a.kind, a.submitted_s + extra, started, ended, int(a.result.dop or 1), max(0.0, a.result.queue_s - extra)))

@@ -4,6 +4,7 @@ results, verdicts and scores) as the driver (``coding``) collects them and the r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from arl_tangram.bench.live.coding_plan import TrajectoryPlan
@@ -40,3 +41,10 @@ class TrajectoryOutcome:
     def correct(self) -> bool:
         """Every test verdict matched the solution's known correctness, and nothing was lost."""
         return bool(self.verdicts) and self.lost == 0 and all(p == (v == "canonical") for v, p in self.verdicts)
+
+    def with_env_wait(self) -> Iterator[tuple[ActionRecord, float]]:
+        """Each action with the env start-up wait it carries: ``coding._action`` charged the
+        first action ``env_wait_s`` as queue time and moved its submission back by it; 0 for
+        the others."""
+        for index, action in enumerate(self.actions):
+            yield action, self.env_wait_s if index == 0 else 0.0
